@@ -1,0 +1,65 @@
+//! Transformer architectures. Each one turns token ids into next-token logits and owns its
+//! KV cache, so the engine can reuse a cached prompt prefix and roll the cache back.
+
+use candle_core::quantized::gguf_file;
+use candle_core::Device;
+
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+
+pub mod gemma3;
+pub mod llama;
+
+/// Architectures (values of `general.architecture`) this build can run.
+pub const SUPPORTED: &[&str] = &["llama", "gemma3"];
+
+/// A decoder-only transformer with a KV cache.
+///
+/// Positions are implicit: `forward` appends `tokens` after the `cache_len()` tokens
+/// already in the cache.
+pub trait Transformer: Send {
+    /// Runs `tokens` through the model at positions `cache_len()..`, stores their keys and
+    /// values in the cache, and returns the logits of the last token (`vocab_size()` values).
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// Number of tokens whose keys and values are cached.
+    fn cache_len(&self) -> usize;
+    /// Forgets cached positions from `len` on (no-op when `len >= cache_len()`).
+    fn truncate(&mut self, len: usize);
+    /// Longest sequence (prompt + output) the model can hold.
+    fn max_seq_len(&self) -> usize;
+    /// Size of the output vocabulary.
+    fn vocab_size(&self) -> usize;
+}
+
+/// Loads the transformer that `general.architecture` names.
+pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Box<dyn Transformer>> {
+    let arch = file.architecture()?;
+    match arch.as_str() {
+        "llama" => Ok(Box::new(llama::Llama::load(file, device, max_seq_len)?)),
+        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(file, device, max_seq_len)?)),
+        other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+    }
+}
+
+/// Reads a metadata value as u32 (`ARCH.key`).
+pub(crate) fn md_u32(ct: &gguf_file::Content, key: &str) -> Result<u32> {
+    let v = ct.metadata.get(key).ok_or_else(|| ModelError::Metadata {
+        key: key.to_string(),
+        reason: "missing".into(),
+    })?;
+    v.to_u32().map_err(|e| ModelError::Metadata {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Reads a metadata value as f32, with a default when absent.
+pub(crate) fn md_f32_or(ct: &gguf_file::Content, key: &str, default: f32) -> Result<f32> {
+    match ct.metadata.get(key) {
+        None => Ok(default),
+        Some(v) => v.to_f32().map_err(|e| ModelError::Metadata {
+            key: key.to_string(),
+            reason: e.to_string(),
+        }),
+    }
+}
