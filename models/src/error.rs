@@ -52,8 +52,11 @@ pub enum ModelError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// The tokenizer could not be built or failed.
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// The chat template could not be compiled or rendered.
+    #[error(transparent)]
+    Chat(#[from] crate::chat::ChatError),
     /// The inference thread is gone (the model was unloaded or crashed).
     #[error("the inference engine has stopped")]
     EngineStopped,

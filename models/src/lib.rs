@@ -5,8 +5,18 @@
 //! This crate knows nothing about networking or agents.
 
 pub mod arch;
+pub mod bench;
+pub mod chat;
+pub mod constraint;
+pub mod embed;
+pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod requant;
 pub mod sampling;
+pub mod source;
+pub mod stop;
+pub mod testing;
+pub mod tokenizer;
 
 pub use error::{ModelError, Result};

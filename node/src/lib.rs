@@ -1,1 +1,6 @@
-//! Starling node.
+//! The Starling node: command line, configuration, and (in later modules) the HTTP API and
+//! the agent runtime. This is the only crate that wires models and networking together.
+
+pub mod cli;
+pub mod commands;
+pub mod logging;

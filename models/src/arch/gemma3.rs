@@ -163,7 +163,7 @@ impl Transformer for Gemma3 {
             let x1 = (candle_nn::ops::rms_norm(&y, &layer.post_attn_norm, self.eps)? + &x)?;
             let xn = candle_nn::ops::rms_norm(&x1, &layer.ffn_norm, self.eps)?;
             let gu = layer.gate_up.forward(&xn)?;
-            let act = (gu[0].gelu()? * &gu[1])?;
+            let act = gu[0].gelu()?.mul(&gu[1])?;
             let y = layer.down.forward(&act)?;
             x = (candle_nn::ops::rms_norm(&y, &layer.post_ffn_norm, self.eps)? + x1)?;
         }

@@ -146,7 +146,7 @@ impl Transformer for Llama {
             let x1 = (layer.wo.forward(&y)? + residual)?;
             let xn = candle_nn::ops::rms_norm(&x1, &layer.ffn_norm, self.eps)?;
             let gu = layer.gate_up.forward(&xn)?;
-            let act = (candle_nn::ops::silu(&gu[0])? * &gu[1])?;
+            let act = candle_nn::ops::silu(&gu[0])?.mul(&gu[1])?;
             x = (layer.down.forward(&act)? + x1)?;
         }
         let last = x.narrow(1, seq - 1, 1)?;

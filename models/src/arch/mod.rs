@@ -7,6 +7,8 @@ use candle_core::Device;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
+pub mod cpu;
+mod common;
 pub mod gemma3;
 pub mod llama;
 
@@ -35,7 +37,14 @@ pub trait Transformer: Send {
 pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Box<dyn Transformer>> {
     let arch = file.architecture()?;
     match arch.as_str() {
-        "llama" => Ok(Box::new(llama::Llama::load(file, device, max_seq_len)?)),
+        "llama" => match cpu::eligible(file, device) {
+            // The CPU kernels are several times faster than candle's on small models.
+            Ok(()) => Ok(Box::new(cpu::CpuLlama::load(file, max_seq_len, 0)?)),
+            Err(reason) => {
+                tracing::info!(%reason, "using the candle llama implementation");
+                Ok(Box::new(llama::Llama::load(file, device, max_seq_len)?))
+            }
+        },
         "gemma3" => Ok(Box::new(gemma3::Gemma3::load(file, device, max_seq_len)?)),
         other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
     }

@@ -1,0 +1,588 @@
+//! Integer dot-product kernels: a tile of `R` quantised weight rows against `C` quantised
+//! activation rows, giving `R × C` dot products.
+//!
+//! Every weight block of 32 values is stored as unsigned integers `u` with an f16 scale `d`
+//! and a bias `m`, so that a value is `d·u + m`: Q8_0 stores `q + 128` (`m = -128·d`), Q4_0
+//! its nibbles (`m = -8·d`), Q4_1 its nibbles and its own `m`. Activation blocks are signed
+//! 8-bit with an f32 scale `da` and `sa = da·Σq`, so one block contributes
+//! `d·da·Σ(u·q) + m·sa`. Unsigned-times-signed byte products are exactly what x86's
+//! `vpdpbusd` (AVX-512 VNNI) and `vpmaddubsw` (AVX2) compute, and the bias term is one
+//! multiply-add per block outside the inner loop.
+//!
+//! Two blocks are stored as one 64-value pair so that a 512-bit register holds a whole pair:
+//! Q8 pairs are 64 bytes, Q4 pairs 32 bytes whose low nibbles are the first block and high
+//! nibbles the second. Rows are padded to a whole number of pairs with zero blocks.
+//!
+//! Three implementations: AVX-512 VNNI, AVX2 (+FMA, F16C) and portable scalar code, chosen
+//! at run time; the scalar one is always compiled and the tests check the others against it.
+
+#![allow(unsafe_code)]
+
+use half::f16;
+
+/// Values per quantisation block.
+pub(crate) const BLOCK: usize = 32;
+
+/// How the unsigned integers of a weight row are stored and what their bias is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// One byte per value, `q + 128`; bias `-128·d`.
+    Q8_0,
+    /// One nibble per value; bias `-8·d`.
+    Q4_0,
+    /// One nibble per value; bias stored per block.
+    Q4_1,
+}
+
+impl Format {
+    /// Bytes of one row of `kp` (padded) values.
+    pub(crate) fn row_bytes(self, kp: usize) -> usize {
+        match self {
+            Self::Q8_0 => kp,
+            Self::Q4_0 | Self::Q4_1 => kp / 2,
+        }
+    }
+
+    /// For formats with an implicit bias `-offset·d`, the offset.
+    pub(crate) fn offset(self) -> f32 {
+        match self {
+            Self::Q8_0 => 128.0,
+            Self::Q4_0 => 8.0,
+            Self::Q4_1 => 0.0,
+        }
+    }
+}
+
+/// The instruction set the kernels run with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F/BW/VL with VNNI (`vpdpbusd`) and F16C.
+    Avx512Vnni,
+    /// AVX2 with FMA and F16C.
+    Avx2,
+    /// Portable code.
+    Scalar,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Self {
+        Self::available().into_iter().next().unwrap_or(Self::Scalar)
+    }
+
+    /// Every instruction set this CPU supports, best first (always ends with `Scalar`).
+    pub fn available() -> Vec<Self> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if avx2
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                v.push(Self::Avx512Vnni);
+            }
+            if avx2 {
+                v.push(Self::Avx2);
+            }
+        }
+        v.push(Self::Scalar);
+        v
+    }
+}
+
+/// `R` consecutive weight rows.
+#[derive(Clone, Copy)]
+pub(crate) struct WeightRows<'a> {
+    /// Packed integers, `row_bytes` per row.
+    pub q: &'a [u8],
+    /// Block scales, `nbp` per row.
+    pub d: &'a [f16],
+    /// Block biases (Q4_1 only), `nbp` per row.
+    pub m: &'a [f16],
+    /// Storage format.
+    pub fmt: Format,
+    /// Blocks per row, padded to an even number.
+    pub nbp: usize,
+}
+
+/// `C` consecutive quantised activation rows.
+#[derive(Clone, Copy)]
+pub(crate) struct ActRows<'a> {
+    /// Signed 8-bit values, `nbp * 32` per row.
+    pub q: &'a [i8],
+    /// Block scales, `nbp` per row.
+    pub d: &'a [f32],
+    /// `d · Σq` per block, `nbp` per row.
+    pub s: &'a [f32],
+    /// Block scales expanded for 512-bit lanes: per pair of blocks, 8 copies of the first
+    /// scale then 8 of the second (`nbp * 8` per row).
+    pub dx: &'a [f32],
+    /// Blocks per row (even).
+    pub nbp: usize,
+}
+
+/// Computes `out[c][r] = Σ_k W[r][k] · A[c][k]` for a tile of `R` weight rows and `C`
+/// activation rows.
+///
+/// Panics when the slices are shorter than the tile needs or `nbp` is odd.
+pub(crate) fn tile<const R: usize, const C: usize>(isa: Isa, w: &WeightRows<'_>, a: &ActRows<'_>, out: &mut [[f32; R]; C]) {
+    let nbp = w.nbp;
+    let kp = nbp * BLOCK;
+    assert!(nbp % 2 == 0 && a.nbp == nbp, "blocks per row must be even and match");
+    assert!(w.q.len() >= R * w.fmt.row_bytes(kp) && w.d.len() >= R * nbp, "weight tile too short");
+    assert!(w.fmt != Format::Q4_1 || w.m.len() >= R * nbp, "weight biases missing");
+    assert!(
+        a.q.len() >= C * kp && a.d.len() >= C * nbp && a.s.len() >= C * nbp && a.dx.len() >= C * nbp * 8,
+        "activation tile too short"
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => {
+            // SAFETY: `Isa::Avx512Vnni` is only produced by `Isa::available` after checking
+            // every feature the function enables; the slice lengths were checked above.
+            unsafe {
+                match w.fmt {
+                    Format::Q8_0 => x86::tile_avx512::<Q8, R, C>(w, a, out),
+                    Format::Q4_0 => x86::tile_avx512::<Q40, R, C>(w, a, out),
+                    Format::Q4_1 => x86::tile_avx512::<Q41, R, C>(w, a, out),
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: as above, for the AVX2/FMA/F16C features.
+            unsafe {
+                match w.fmt {
+                    Format::Q8_0 => x86::tile_avx2::<Q8, R, C>(w, a, out),
+                    Format::Q4_0 => x86::tile_avx2::<Q40, R, C>(w, a, out),
+                    Format::Q4_1 => x86::tile_avx2::<Q41, R, C>(w, a, out),
+                }
+            }
+        }
+        _ => tile_scalar(w, a, out),
+    }
+}
+
+const Q8: u8 = 0;
+const Q40: u8 = 1;
+const Q41: u8 = 2;
+
+/// The unsigned value `j` (0..32) of block `b` of a packed row.
+#[inline(always)]
+pub(crate) fn unpack(fmt: Format, row: &[u8], b: usize, j: usize) -> u8 {
+    match fmt {
+        Format::Q8_0 => row[b * BLOCK + j],
+        Format::Q4_0 | Format::Q4_1 => {
+            let byte = row[(b / 2) * BLOCK + j];
+            if b % 2 == 0 {
+                byte & 0x0F
+            } else {
+                byte >> 4
+            }
+        }
+    }
+}
+
+/// Portable implementation of [`tile`].
+fn tile_scalar<const R: usize, const C: usize>(w: &WeightRows<'_>, a: &ActRows<'_>, out: &mut [[f32; R]; C]) {
+    let nbp = w.nbp;
+    let kp = nbp * BLOCK;
+    let rb = w.fmt.row_bytes(kp);
+    for (c, out_c) in out.iter_mut().enumerate() {
+        let aq = &a.q[c * kp..(c + 1) * kp];
+        for (r, o) in out_c.iter_mut().enumerate() {
+            let row = &w.q[r * rb..(r + 1) * rb];
+            let mut sum = 0f32;
+            for b in 0..nbp {
+                let mut dot = 0i32;
+                for j in 0..BLOCK {
+                    dot += unpack(w.fmt, row, b, j) as i32 * aq[b * BLOCK + j] as i32;
+                }
+                let d = w.d[r * nbp + b].to_f32();
+                let m = match w.fmt {
+                    Format::Q4_1 => w.m[r * nbp + b].to_f32(),
+                    f => -f.offset() * d,
+                };
+                sum += d * a.d[c * nbp + b] * dot as f32 + m * a.s[c * nbp + b];
+            }
+            *o = sum;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{ActRows, WeightRows, BLOCK, Q40, Q41, Q8};
+
+    /// Lane `l` of entry `p` is the block index `2p + l/8` within a 16-block chunk.
+    static PAIR_INDEX: [[i32; 16]; 8] = {
+        let mut t = [[0i32; 16]; 8];
+        let mut p = 0;
+        while p < 8 {
+            let mut l = 0;
+            while l < 16 {
+                t[p][l] = (2 * p + l / 8) as i32;
+                l += 1;
+            }
+            p += 1;
+        }
+        t
+    };
+
+    const fn offset(f: u8) -> f32 {
+        match f {
+            Q8 => 128.0,
+            Q40 => 8.0,
+            _ => 0.0,
+        }
+    }
+
+    const fn row_bytes(f: u8, kp: usize) -> usize {
+        if f == Q8 {
+            kp
+        } else {
+            kp / 2
+        }
+    }
+
+    /// The 64 unsigned values of pair `p` of a row, as bytes.
+    #[inline(always)]
+    unsafe fn load_pair<const F: u8>(row: *const u8, p: usize) -> __m512i {
+        // SAFETY (for the whole function): the caller guarantees pair `p` lies inside the row.
+        unsafe {
+            if F == Q8 {
+                _mm512_loadu_si512(row.add(p * 64) as *const _)
+            } else {
+                let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(row.add(p * 32) as *const _));
+                // Upper 256 bits: high nibbles (second block); lower: low nibbles.
+                let x = _mm512_mask_srli_epi16::<4>(x, 0xFFFF_0000, x);
+                _mm512_and_si512(x, _mm512_set1_epi8(0x0F))
+            }
+        }
+    }
+
+    /// AVX-512 VNNI tile kernel; see [`super::tile`].
+    ///
+    /// # Safety
+    /// The CPU must support the enabled features, and the slices must be as long as
+    /// [`super::tile`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn tile_avx512<const F: u8, const R: usize, const C: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        out: &mut [[f32; R]; C],
+    ) {
+        let nbp = w.nbp;
+        let kp = nbp * BLOCK;
+        let rb = row_bytes(F, kp);
+        let (wq, wd, wm) = (w.q.as_ptr(), w.d.as_ptr() as *const i16, w.m.as_ptr() as *const i16);
+        let (aq, as_, adx) = (a.q.as_ptr(), a.s.as_ptr(), a.dx.as_ptr());
+        let neg_off = _mm512_set1_ps(-offset(F));
+        let mut acc = [[_mm512_setzero_ps(); R]; C];
+        let mut chunk = 0;
+        while chunk < nbp {
+            let nb = (nbp - chunk).min(16);
+            let mask: __mmask16 = if nb == 16 { 0xFFFF } else { (1u16 << nb) - 1 };
+            let mut dw = [_mm512_setzero_ps(); R];
+            let mut mw = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                // SAFETY: masked loads of blocks chunk..chunk+nb of row r (< nbp).
+                unsafe {
+                    dw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wd.add(r * nbp + chunk)));
+                    mw[r] = if F == Q41 {
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wm.add(r * nbp + chunk)))
+                    } else {
+                        _mm512_mul_ps(dw[r], neg_off)
+                    };
+                }
+            }
+            for c in 0..C {
+                // SAFETY: masked load inside activation row c.
+                let sa = unsafe { _mm512_maskz_loadu_ps(mask, as_.add(c * nbp + chunk)) };
+                for r in 0..R {
+                    acc[c][r] = _mm512_fmadd_ps(mw[r], sa, acc[c][r]);
+                }
+            }
+            for pp in 0..nb / 2 {
+                let p = chunk / 2 + pp;
+                // SAFETY: PAIR_INDEX has 8 entries of 16 i32 and pp < 8.
+                let idx = unsafe { _mm512_loadu_si512(PAIR_INDEX[pp].as_ptr() as *const _) };
+                let mut wv = [_mm512_setzero_si512(); R];
+                let mut dwe = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    // SAFETY: pair p < nbp / 2 lies inside row r.
+                    wv[r] = unsafe { load_pair::<F>(wq.add(r * rb), p) };
+                    dwe[r] = _mm512_permutexvar_ps(idx, dw[r]);
+                }
+                for c in 0..C {
+                    // SAFETY: pair p of activation row c and its expanded scales.
+                    let (av, dx) = unsafe {
+                        (
+                            _mm512_loadu_si512(aq.add(c * kp + p * 64) as *const _),
+                            _mm512_loadu_ps(adx.add(c * nbp * 8 + p * 16)),
+                        )
+                    };
+                    for r in 0..R {
+                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], av);
+                        let scale = _mm512_mul_ps(dwe[r], dx);
+                        acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[c][r]);
+                    }
+                }
+            }
+            chunk += 16;
+        }
+        for c in 0..C {
+            for r in 0..R {
+                out[c][r] = _mm512_reduce_add_ps(acc[c][r]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// AVX2 tile kernel, one block at a time; see [`super::tile`].
+    ///
+    /// Q8 rows are turned back into signed bytes (`u ^ 0x80`) so that `vpmaddubsw` cannot
+    /// saturate; the signed dot product already includes the `-128·d` bias.
+    ///
+    /// # Safety
+    /// The CPU must support the enabled features, and the slices must be as long as
+    /// [`super::tile`] checks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_avx2<const F: u8, const R: usize, const C: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        out: &mut [[f32; R]; C],
+    ) {
+        let nbp = w.nbp;
+        let kp = nbp * BLOCK;
+        let rb = row_bytes(F, kp);
+        let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
+        let ones = _mm256_set1_epi16(1);
+        let low = _mm256_set1_epi8(0x0F);
+        let flip = _mm256_set1_epi8(-128);
+        let mut acc = [[_mm256_setzero_ps(); R]; C];
+        for b in 0..nbp {
+            let p = b / 2;
+            let mut wv = [_mm256_setzero_si256(); R];
+            let mut dw = [0f32; R];
+            for r in 0..R {
+                // SAFETY: block b < nbp lies inside row r.
+                let x = unsafe {
+                    if F == Q8 {
+                        _mm256_loadu_si256(wq.add(r * rb + b * BLOCK) as *const _)
+                    } else {
+                        _mm256_loadu_si256(wq.add(r * rb + p * BLOCK) as *const _)
+                    }
+                };
+                wv[r] = if F == Q8 {
+                    _mm256_xor_si256(x, flip)
+                } else if b % 2 == 0 {
+                    _mm256_and_si256(x, low)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(x), low)
+                };
+                dw[r] = w.d[r * nbp + b].to_f32();
+            }
+            for c in 0..C {
+                // SAFETY: block b of activation row c.
+                let av = unsafe { _mm256_loadu_si256(aq.add(c * kp + b * BLOCK) as *const _) };
+                let da = a.d[c * nbp + b];
+                for r in 0..R {
+                    let prod = if F == Q8 {
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(wv[r]), _mm256_sign_epi8(av, wv[r]))
+                    } else {
+                        _mm256_maddubs_epi16(wv[r], av)
+                    };
+                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+                    acc[c][r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(dw[r] * da), acc[c][r]);
+                }
+            }
+        }
+        for c in 0..C {
+            for r in 0..R {
+                let mut bias = 0f32;
+                if F != Q8 {
+                    for b in 0..nbp {
+                        let m = if F == Q41 {
+                            w.m[r * nbp + b].to_f32()
+                        } else {
+                            -offset(F) * w.d[r * nbp + b].to_f32()
+                        };
+                        bias += m * a.s[c * nbp + b];
+                    }
+                }
+                // SAFETY: plain register arithmetic on an initialised vector.
+                out[c][r] = unsafe { hsum256(acc[c][r]) } + bias;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// A random packed weight tile of `rows` rows and `nbp` blocks, plus its values as f32.
+    struct TestWeights {
+        q: Vec<u8>,
+        d: Vec<f16>,
+        m: Vec<f16>,
+        values: Vec<f32>,
+    }
+
+    fn weights(fmt: Format, rows: usize, nbp: usize, rng: &mut StdRng) -> TestWeights {
+        let kp = nbp * BLOCK;
+        let rb = fmt.row_bytes(kp);
+        let mut t = TestWeights {
+            q: vec![0; rows * rb],
+            d: Vec::new(),
+            m: Vec::new(),
+            values: vec![0.0; rows * kp],
+        };
+        for r in 0..rows {
+            for b in 0..nbp {
+                let d = f16::from_f32(rng.gen_range(0.001f32..0.05));
+                let m = f16::from_f32(rng.gen_range(-0.2f32..0.2));
+                t.d.push(d);
+                t.m.push(m);
+                for j in 0..BLOCK {
+                    let u: u8 = match fmt {
+                        Format::Q8_0 => rng.gen(),
+                        _ => rng.gen_range(0..16),
+                    };
+                    match fmt {
+                        Format::Q8_0 => t.q[r * rb + b * BLOCK + j] = u,
+                        _ => t.q[r * rb + (b / 2) * BLOCK + j] |= if b % 2 == 0 { u } else { u << 4 },
+                    }
+                    let bias = match fmt {
+                        Format::Q4_1 => m.to_f32(),
+                        f => -f.offset() * d.to_f32(),
+                    };
+                    t.values[r * kp + b * BLOCK + j] = d.to_f32() * u as f32 + bias;
+                }
+            }
+        }
+        if fmt != Format::Q4_1 {
+            t.m.clear();
+        }
+        t
+    }
+
+    struct TestActs {
+        q: Vec<i8>,
+        d: Vec<f32>,
+        s: Vec<f32>,
+        dx: Vec<f32>,
+        values: Vec<f32>,
+    }
+
+    fn acts(rows: usize, nbp: usize, rng: &mut StdRng) -> TestActs {
+        let mut t = TestActs {
+            q: Vec::new(),
+            d: Vec::new(),
+            s: Vec::new(),
+            dx: Vec::new(),
+            values: Vec::new(),
+        };
+        for _ in 0..rows {
+            for _ in 0..nbp {
+                let d = rng.gen_range(0.001f32..0.1);
+                let mut sum = 0i32;
+                for _ in 0..BLOCK {
+                    let q: i8 = rng.gen_range(-127..=127);
+                    sum += q as i32;
+                    t.q.push(q);
+                    t.values.push(q as f32 * d);
+                }
+                t.d.push(d);
+                t.s.push(d * sum as f32);
+            }
+            let row_d = &t.d[t.d.len() - nbp..];
+            for p in 0..nbp / 2 {
+                t.dx.extend(std::iter::repeat_n(row_d[2 * p], 8));
+                t.dx.extend(std::iter::repeat_n(row_d[2 * p + 1], 8));
+            }
+        }
+        t
+    }
+
+    fn check<const R: usize, const C: usize>(fmt: Format, nbp: usize, seed: u64) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let w = weights(fmt, R, nbp, &mut rng);
+        let a = acts(C, nbp, &mut rng);
+        let kp = nbp * BLOCK;
+        let wr = WeightRows {
+            q: &w.q,
+            d: &w.d,
+            m: &w.m,
+            fmt,
+            nbp,
+        };
+        let ar = ActRows {
+            q: &a.q,
+            d: &a.d,
+            s: &a.s,
+            dx: &a.dx,
+            nbp,
+        };
+        let mut scalar = [[0f32; R]; C];
+        tile(Isa::Scalar, &wr, &ar, &mut scalar);
+        for isa in Isa::available() {
+            let mut out = [[0f32; R]; C];
+            tile(isa, &wr, &ar, &mut out);
+            for (o, s) in out.iter().flatten().zip(scalar.iter().flatten()) {
+                assert!((o - s).abs() <= 1e-4 * s.abs().max(1.0), "{isa:?} {fmt:?}: {o} vs scalar {s}");
+            }
+            for c in 0..C {
+                for r in 0..R {
+                    let (mut exact, mut mag) = (0f64, 0f64);
+                    for k in 0..kp {
+                        let p = w.values[r * kp + k] as f64 * a.values[c * kp + k] as f64;
+                        exact += p;
+                        mag += p.abs();
+                    }
+                    let err = (out[c][r] as f64 - exact).abs();
+                    assert!(
+                        err <= 1e-5 * mag + 1e-6,
+                        "{isa:?} {fmt:?} R={R} C={C} nbp={nbp} [{c}][{r}]: {} vs {exact} (scale {mag})",
+                        out[c][r]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_match_f32_reference() {
+        for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+            for (i, nbp) in [2usize, 18, 32, 34, 48, 64].into_iter().enumerate() {
+                check::<4, 4>(fmt, nbp, i as u64);
+                check::<4, 1>(fmt, nbp, 10 + i as u64);
+                check::<1, 1>(fmt, nbp, 20 + i as u64);
+                check::<1, 4>(fmt, nbp, 30 + i as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_is_always_available() {
+        assert_eq!(Isa::available().last(), Some(&Isa::Scalar));
+    }
+}

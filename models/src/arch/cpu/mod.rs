@@ -1,0 +1,349 @@
+//! A CPU implementation of llama-family models built for speed: weights stay quantised
+//! (Q8_0, Q4_0, Q4_1) in a layout made for integer SIMD dot products, activations are
+//! quantised to 8-bit blocks once per matmul input, Q/K/V share one matrix product and
+//! gate/up another, the KV cache is preallocated and written in place, scratch buffers are
+//! reused so a decode step does not allocate (besides the returned logits), and the work of
+//! every matmul is split over a persistent pool of spinning worker threads.
+//!
+//! It computes the same function as [`super::llama::Llama`] (the candle implementation),
+//! which stays available for other devices and weight types.
+
+mod attention;
+mod kernels;
+mod ops;
+mod pool;
+mod quant;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::Device;
+
+use self::attention::{Attention, Dims};
+use self::kernels::BLOCK;
+pub use self::kernels::Isa;
+use self::pool::Pool;
+use self::quant::{Epilogue, QActs, QMatrix};
+use super::{md_f32_or, md_u32, Transformer};
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+
+/// Environment variable that selects the implementation: `candle` forces the candle one,
+/// anything else (or nothing) lets [`super::load`] pick this one when it can.
+pub const BACKEND_ENV: &str = "STARLING_BACKEND";
+
+/// Weight types the kernels run directly.
+const KERNEL_TYPES: [GgmlDType; 3] = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1];
+
+const LAYER_WEIGHTS: [&str; 7] = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
+
+/// Whether [`super::load`] should use this implementation for `file` on `device`: a llama
+/// model on the CPU whose weight matrices all have a kernel here, unless the environment
+/// asks for candle. Returns the reason when not.
+pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), String> {
+    if !device.is_cpu() {
+        return Err("not a CPU device".into());
+    }
+    if std::env::var(BACKEND_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("candle")) {
+        return Err(format!("{BACKEND_ENV}=candle"));
+    }
+    let ct = file.content();
+    let n_layer = md_u32(ct, "llama.block_count").map_err(|e| e.to_string())? as usize;
+    let mut names = vec!["token_embd.weight".to_string()];
+    if file.has_tensor("output.weight") {
+        names.push("output.weight".into());
+    }
+    for i in 0..n_layer {
+        names.extend(LAYER_WEIGHTS.iter().map(|w| format!("blk.{i}.{w}.weight")));
+    }
+    for name in &names {
+        let info = ct.tensor_infos.get(name).ok_or_else(|| format!("tensor {name} is missing"))?;
+        if !KERNEL_TYPES.contains(&info.ggml_dtype) {
+            return Err(format!("tensor {name} is {:?}", info.ggml_dtype));
+        }
+    }
+    Ok(())
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    qkv: Vec<QMatrix>,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+}
+
+/// Buffers reused by every forward pass, grown to the largest batch seen.
+struct Scratch {
+    tokens: usize,
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    ffn: Vec<f32>,
+    acts: QActs,
+    acts_ffn: QActs,
+    logits: Vec<f32>,
+}
+
+/// A llama model run by the CPU kernels of this module.
+pub struct CpuLlama {
+    layers: Vec<Layer>,
+    /// Token embeddings; `None` when they are the output matrix (tied weights).
+    embeddings: Option<QMatrix>,
+    output: QMatrix,
+    output_norm: Vec<f32>,
+    attention: Attention,
+    dims: Dims,
+    hidden: usize,
+    ffn: usize,
+    eps: f32,
+    vocab: usize,
+    max_seq: usize,
+    len: usize,
+    scratch: Scratch,
+    pool: Pool,
+    isa: Isa,
+}
+
+fn tensor_err(name: &str, reason: impl std::fmt::Display) -> ModelError {
+    ModelError::Tensor {
+        name: name.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Reads a 2-D weight into the kernels' layout, checking its shape.
+fn load_matrix(file: &GgufFile, name: &str, rows: usize, k: usize) -> Result<QMatrix> {
+    let t = file.tensor(name, &Device::Cpu)?;
+    let (n, tk) = t.shape().dims2().map_err(|e| tensor_err(name, e))?;
+    if (n, tk) != (rows, k) {
+        return Err(tensor_err(name, format!("shape {n}×{tk}, expected {rows}×{k}")));
+    }
+    let data = t.data()?;
+    QMatrix::from_ggml(t.dtype(), rows, k, &data).map_err(|e| tensor_err(name, e))
+}
+
+fn load_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = file.tensor(name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
+    let v = t.flatten_all()?.to_vec1::<f32>()?;
+    if v.len() != len {
+        return Err(tensor_err(name, format!("{} values, expected {len}", v.len())));
+    }
+    Ok(v)
+}
+
+impl CpuLlama {
+    /// Loads a llama GGUF file for at most `max_seq_len` positions (capped by the model's
+    /// context length), using `threads` threads (0: candle's setting, i.e.
+    /// `RAYON_NUM_THREADS` or all cores).
+    pub fn load(file: &GgufFile, max_seq_len: usize, threads: usize) -> Result<Self> {
+        let ct = file.content();
+        let n_head = md_u32(ct, "llama.attention.head_count")? as usize;
+        let n_kv = md_u32(ct, "llama.attention.head_count_kv")? as usize;
+        let n_layer = md_u32(ct, "llama.block_count")? as usize;
+        let hidden = md_u32(ct, "llama.embedding_length")? as usize;
+        let ffn = md_u32(ct, "llama.feed_forward_length")? as usize;
+        let ctx = md_u32(ct, "llama.context_length").unwrap_or(4096) as usize;
+        let eps = md_f32_or(ct, "llama.attention.layer_norm_rms_epsilon", 1e-5)?;
+        let base = md_f32_or(ct, "llama.rope.freq_base", 10_000.0)?;
+        if n_head == 0 || n_kv == 0 || n_head % n_kv != 0 || hidden % n_head != 0 || (hidden / n_head) % 2 != 0 {
+            return Err(ModelError::Metadata {
+                key: "llama.attention.head_count".into(),
+                reason: format!("{n_head} heads / {n_kv} kv heads / width {hidden} are inconsistent"),
+            });
+        }
+        let head_dim = hidden / n_head;
+        let rot_dim = md_u32(ct, "llama.rope.dimension_count").map(|d| d as usize).unwrap_or(head_dim);
+        if rot_dim != head_dim {
+            return Err(ModelError::Metadata {
+                key: "llama.rope.dimension_count".into(),
+                reason: format!("partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"),
+            });
+        }
+        if hidden % BLOCK != 0 || ffn % BLOCK != 0 {
+            return Err(ModelError::Metadata {
+                key: "llama.embedding_length".into(),
+                reason: format!("widths {hidden} and {ffn} must be multiples of {BLOCK}"),
+            });
+        }
+        let max_seq = max_seq_len.min(ctx).max(1);
+        let dims = Dims { n_head, n_kv, head_dim };
+
+        let embd_info = ct
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| tensor_err("token_embd.weight", "missing"))?;
+        let vocab = embd_info.shape.dims().first().copied().unwrap_or(0);
+        let embd = load_matrix(file, "token_embd.weight", vocab, hidden)?;
+        let (embeddings, output) = if file.has_tensor("output.weight") {
+            (Some(embd), load_matrix(file, "output.weight", vocab, hidden)?)
+        } else {
+            (None, embd)
+        };
+        let mut layers = Vec::with_capacity(n_layer);
+        for i in 0..n_layer {
+            let name = |s: &str| format!("blk.{i}.{s}.weight");
+            let parts = vec![
+                load_matrix(file, &name("attn_q"), hidden, hidden)?,
+                load_matrix(file, &name("attn_k"), n_kv * head_dim, hidden)?,
+                load_matrix(file, &name("attn_v"), n_kv * head_dim, hidden)?,
+            ];
+            // One matrix when the three share a format, so Q, K and V cost one product.
+            let qkv = match QMatrix::concat(parts) {
+                Ok(m) => vec![m],
+                Err(parts) => parts,
+            };
+            layers.push(Layer {
+                attn_norm: load_vector(file, &name("attn_norm"), hidden)?,
+                qkv,
+                wo: load_matrix(file, &name("attn_output"), hidden, hidden)?,
+                ffn_norm: load_vector(file, &name("ffn_norm"), hidden)?,
+                gate: load_matrix(file, &name("ffn_gate"), ffn, hidden)?,
+                up: load_matrix(file, &name("ffn_up"), ffn, hidden)?,
+                down: load_matrix(file, &name("ffn_down"), hidden, ffn)?,
+            });
+        }
+        let threads = if threads == 0 {
+            candle_core::utils::get_num_threads()
+        } else {
+            threads
+        }
+        .max(1);
+        let pool = Pool::new(threads).map_err(|e| ModelError::InvalidRequest(format!("cannot start inference threads: {e}")))?;
+        let isa = Isa::detect();
+        let weight_bytes: usize = layers
+            .iter()
+            .map(|l| l.qkv.iter().map(QMatrix::bytes).sum::<usize>() + [&l.wo, &l.gate, &l.up, &l.down].iter().map(|m| m.bytes()).sum::<usize>())
+            .sum::<usize>()
+            + output.bytes()
+            + embeddings.as_ref().map_or(0, QMatrix::bytes);
+        tracing::info!(
+            ?isa,
+            threads,
+            layers = n_layer,
+            weight_mib = weight_bytes / (1 << 20),
+            output = ?output.format(),
+            "CPU llama backend loaded"
+        );
+        Ok(Self {
+            layers,
+            embeddings,
+            output,
+            output_norm: load_vector(file, "output_norm.weight", hidden)?,
+            attention: Attention::new(dims, n_layer, max_seq, base, threads),
+            dims,
+            hidden,
+            ffn,
+            eps,
+            vocab,
+            max_seq,
+            len: 0,
+            scratch: Scratch {
+                tokens: 0,
+                x: Vec::new(),
+                qkv: Vec::new(),
+                att: Vec::new(),
+                ffn: Vec::new(),
+                acts: QActs::new(hidden),
+                acts_ffn: QActs::new(ffn),
+                logits: vec![0.0; vocab],
+            },
+            pool,
+            isa,
+        })
+    }
+
+    /// The instruction set the kernels use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Threads a matrix product runs on.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    fn reserve(&mut self, seq: usize) {
+        let s = &mut self.scratch;
+        if s.tokens >= seq {
+            return;
+        }
+        s.tokens = seq;
+        s.x.resize(seq * self.hidden, 0.0);
+        s.qkv.resize(seq * self.dims.qkv_width(), 0.0);
+        s.att.resize(seq * self.hidden, 0.0);
+        s.ffn.resize(seq * self.ffn, 0.0);
+        s.acts.reserve(seq);
+        s.acts_ffn.reserve(seq);
+    }
+}
+
+impl Transformer for CpuLlama {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let seq = tokens.len();
+        if seq == 0 {
+            return Err(ModelError::InvalidRequest("no tokens to process".into()));
+        }
+        let pos = self.len;
+        if pos + seq > self.max_seq {
+            return Err(ModelError::ContextOverflow {
+                needed: pos + seq,
+                max: self.max_seq,
+            });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(ModelError::InvalidRequest(format!("token id {bad} is outside the vocabulary")));
+        }
+        self.reserve(seq);
+        let (hidden, eps, isa) = (self.hidden, self.eps, self.isa);
+        let qkv_width = self.dims.qkv_width();
+        let embeddings = self.embeddings.as_ref().unwrap_or(&self.output);
+        let s = &mut self.scratch;
+        let pool = &self.pool;
+        for (c, &t) in tokens.iter().enumerate() {
+            embeddings.dequantize_row(t as usize, &mut s.x[c * hidden..(c + 1) * hidden]);
+        }
+        for (li, layer) in self.layers.iter().enumerate() {
+            quant::quantize(pool, &s.x, seq, Some((&layer.attn_norm, eps)), &mut s.acts);
+            let mut col = 0;
+            for part in &layer.qkv {
+                let rows = part.rows();
+                quant::matmul(pool, isa, part, &s.acts, seq, &mut s.qkv[col..], qkv_width, Epilogue::Store);
+                col += rows;
+            }
+            self.attention.store(li, &mut s.qkv, seq, pos);
+            self.attention.attend(pool, li, &s.qkv, seq, pos, &mut s.att);
+            quant::quantize(pool, &s.att, seq, None, &mut s.acts);
+            quant::matmul(pool, isa, &layer.wo, &s.acts, seq, &mut s.x, hidden, Epilogue::Add);
+            quant::quantize(pool, &s.x, seq, Some((&layer.ffn_norm, eps)), &mut s.acts);
+            quant::swiglu(pool, isa, &layer.gate, &layer.up, &s.acts, seq, &mut s.ffn);
+            quant::quantize(pool, &s.ffn, seq, None, &mut s.acts_ffn);
+            quant::matmul(pool, isa, &layer.down, &s.acts_ffn, seq, &mut s.x, hidden, Epilogue::Add);
+        }
+        self.len = pos + seq;
+        // Only the last position's logits are needed.
+        let last = &s.x[(seq - 1) * hidden..seq * hidden];
+        quant::quantize(pool, last, 1, Some((&self.output_norm, eps)), &mut s.acts);
+        quant::matmul(pool, isa, &self.output, &s.acts, 1, &mut s.logits, self.vocab, Epilogue::Store);
+        Ok(s.logits.clone())
+    }
+
+    fn cache_len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,501 @@
+//! Weight matrices in the kernels' layout, activation quantisation (once per matmul input,
+//! as ggml does), and the parallel matrix products built from the tile kernels.
+
+#![allow(unsafe_code)]
+
+use std::ops::Range;
+
+use candle_core::quantized::GgmlDType;
+use half::f16;
+
+use super::kernels::{self, ActRows, Format, Isa, WeightRows, BLOCK};
+use super::ops;
+use super::pool::{Disjoint, Pool};
+
+/// Rows of a matmul chunk are a multiple of this (keeps 4-row tiles whole).
+const ROW_ALIGN: usize = 16;
+
+/// Rows per chunk of a parallel matmul over `rows` rows: about eight chunks per thread, so
+/// that a thread that loses its core holds up little, and whole 16-row groups.
+fn rows_per_chunk(rows: usize, threads: usize) -> usize {
+    rows.div_ceil(8 * threads).next_multiple_of(ROW_ALIGN).max(ROW_ALIGN)
+}
+
+/// A quantised weight matrix of `rows × k` in the kernels' packed layout.
+pub(crate) struct QMatrix {
+    fmt: Format,
+    rows: usize,
+    k: usize,
+    nbp: usize,
+    q: Vec<u8>,
+    d: Vec<f16>,
+    m: Vec<f16>,
+}
+
+impl QMatrix {
+    /// Repacks a GGUF tensor of `rows` rows of `k` values stored as `dtype` blocks.
+    pub(crate) fn from_ggml(dtype: GgmlDType, rows: usize, k: usize, data: &[u8]) -> Result<Self, String> {
+        let (fmt, block_bytes) = match dtype {
+            GgmlDType::Q8_0 => (Format::Q8_0, 34),
+            GgmlDType::Q4_0 => (Format::Q4_0, 18),
+            GgmlDType::Q4_1 => (Format::Q4_1, 20),
+            other => return Err(format!("{other:?} weights have no CPU kernel")),
+        };
+        if k % BLOCK != 0 {
+            return Err(format!("row width {k} is not a multiple of {BLOCK}"));
+        }
+        let nb = k / BLOCK;
+        if data.len() != rows * nb * block_bytes {
+            return Err(format!("{} bytes of data for {rows}×{k} {dtype:?} values", data.len()));
+        }
+        let nbp = nb.next_multiple_of(2);
+        let rb = fmt.row_bytes(nbp * BLOCK);
+        let mut m = Self {
+            fmt,
+            rows,
+            k,
+            nbp,
+            q: vec![0; rows * rb],
+            d: vec![f16::ZERO; rows * nbp],
+            m: if fmt == Format::Q4_1 {
+                vec![f16::ZERO; rows * nbp]
+            } else {
+                Vec::new()
+            },
+        };
+        let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
+        for r in 0..rows {
+            let row = &mut m.q[r * rb..(r + 1) * rb];
+            for b in 0..nb {
+                let blk = &data[(r * nb + b) * block_bytes..(r * nb + b + 1) * block_bytes];
+                m.d[r * nbp + b] = half(blk, 0);
+                let mut u = [0u8; BLOCK];
+                match fmt {
+                    Format::Q8_0 => {
+                        for (j, &byte) in blk[2..].iter().enumerate() {
+                            u[j] = byte ^ 0x80; // (q as i8) + 128
+                        }
+                    }
+                    Format::Q4_0 | Format::Q4_1 => {
+                        let qs = if fmt == Format::Q4_1 {
+                            m.m[r * nbp + b] = half(blk, 2);
+                            &blk[4..]
+                        } else {
+                            &blk[2..]
+                        };
+                        for (j, &byte) in qs.iter().enumerate() {
+                            u[j] = byte & 0x0F;
+                            u[j + BLOCK / 2] = byte >> 4;
+                        }
+                    }
+                }
+                match fmt {
+                    Format::Q8_0 => row[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&u),
+                    Format::Q4_0 | Format::Q4_1 => {
+                        let shift = if b % 2 == 0 { 0 } else { 4 };
+                        for (dst, &v) in row[(b / 2) * BLOCK..(b / 2 + 1) * BLOCK].iter_mut().zip(&u) {
+                            *dst |= v << shift;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(m)
+    }
+
+    /// Stacks matrices of the same format and width row-wise; gives them back otherwise.
+    pub(crate) fn concat(parts: Vec<QMatrix>) -> Result<QMatrix, Vec<QMatrix>> {
+        let Some(first) = parts.first() else {
+            return Err(parts);
+        };
+        let (fmt, k) = (first.fmt, first.k);
+        if parts.iter().any(|p| p.fmt != fmt || p.k != k) {
+            return Err(parts);
+        }
+        let mut it = parts.into_iter();
+        let Some(mut all) = it.next() else {
+            return Err(Vec::new());
+        };
+        for p in it {
+            all.rows += p.rows;
+            all.q.extend_from_slice(&p.q);
+            all.d.extend_from_slice(&p.d);
+            all.m.extend_from_slice(&p.m);
+        }
+        Ok(all)
+    }
+
+    /// Number of rows (outputs).
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Storage format.
+    pub(crate) fn format(&self) -> Format {
+        self.fmt
+    }
+
+    /// Bytes of weight data held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.q.len() + 2 * (self.d.len() + self.m.len())
+    }
+
+    fn view(&self, r0: usize, n: usize) -> WeightRows<'_> {
+        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
+        WeightRows {
+            q: &self.q[r0 * rb..(r0 + n) * rb],
+            d: &self.d[r0 * self.nbp..(r0 + n) * self.nbp],
+            m: if self.m.is_empty() {
+                &[]
+            } else {
+                &self.m[r0 * self.nbp..(r0 + n) * self.nbp]
+            },
+            fmt: self.fmt,
+            nbp: self.nbp,
+        }
+    }
+
+    /// Writes row `r` as f32 values into `out` (`k` values).
+    pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
+        let row = &self.q[r * rb..(r + 1) * rb];
+        for (b, chunk) in out[..self.k].chunks_mut(BLOCK).enumerate() {
+            let d = self.d[r * self.nbp + b].to_f32();
+            let m = match self.fmt {
+                Format::Q4_1 => self.m[r * self.nbp + b].to_f32(),
+                f => -f.offset() * d,
+            };
+            for (j, o) in chunk.iter_mut().enumerate() {
+                *o = d * kernels::unpack(self.fmt, row, b, j) as f32 + m;
+            }
+        }
+    }
+}
+
+/// Activations quantised to signed 8-bit blocks: `tokens × k` values, padded like the
+/// weights.
+pub(crate) struct QActs {
+    k: usize,
+    nbp: usize,
+    q: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    dx: Vec<f32>,
+}
+
+impl QActs {
+    /// Storage for rows of width `k` (a multiple of 32), initially for no tokens.
+    pub(crate) fn new(k: usize) -> Self {
+        Self {
+            k,
+            nbp: (k / BLOCK).next_multiple_of(2),
+            q: Vec::new(),
+            d: Vec::new(),
+            s: Vec::new(),
+            dx: Vec::new(),
+        }
+    }
+
+    /// Makes room for `tokens` rows (grows only).
+    pub(crate) fn reserve(&mut self, tokens: usize) {
+        let nbp = self.nbp;
+        if self.d.len() < tokens * nbp {
+            self.q.resize(tokens * nbp * BLOCK, 0);
+            self.d.resize(tokens * nbp, 0.0);
+            self.s.resize(tokens * nbp, 0.0);
+            self.dx.resize(tokens * nbp * 8, 0.0);
+        }
+    }
+
+    fn view(&self, c0: usize, n: usize) -> ActRows<'_> {
+        let nbp = self.nbp;
+        ActRows {
+            q: &self.q[c0 * nbp * BLOCK..(c0 + n) * nbp * BLOCK],
+            d: &self.d[c0 * nbp..(c0 + n) * nbp],
+            s: &self.s[c0 * nbp..(c0 + n) * nbp],
+            dx: &self.dx[c0 * nbp * 8..(c0 + n) * nbp * 8],
+            nbp,
+        }
+    }
+}
+
+/// Quantises one row (`x` of `k` values, times `gain` and the optional per-value `weight`)
+/// into its block slices.
+fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, q: &mut [i8], d: &mut [f32], s: &mut [f32], dx: &mut [f32]) {
+    let nb = x.len() / BLOCK;
+    for b in 0..d.len() {
+        if b >= nb {
+            q[b * BLOCK..(b + 1) * BLOCK].fill(0);
+            d[b] = 0.0;
+            s[b] = 0.0;
+            continue;
+        }
+        let mut v = [0f32; BLOCK];
+        let xs = &x[b * BLOCK..(b + 1) * BLOCK];
+        match weight {
+            Some(w) => {
+                let ws = &w[b * BLOCK..(b + 1) * BLOCK];
+                for j in 0..BLOCK {
+                    v[j] = xs[j] * gain * ws[j];
+                }
+            }
+            None => v.copy_from_slice(xs),
+        }
+        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = 0i32;
+        for (o, &x) in q[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(&v) {
+            let r = (x * inv).round() as i8;
+            sum += r as i32;
+            *o = r;
+        }
+        // Scales are kept at f16 precision, as ggml and candle store them.
+        let scale = f16::from_f32(scale).to_f32();
+        d[b] = scale;
+        s[b] = scale * sum as f32;
+    }
+    for (p, lanes) in dx.chunks_exact_mut(16).enumerate() {
+        lanes[..8].fill(d[2 * p]);
+        lanes[8..].fill(d[2 * p + 1]);
+    }
+}
+
+/// Quantises `seq` rows of `x` (`seq × k`) into `acts`; with `norm = Some((weight, eps))`
+/// the rows are RMS-normalised and scaled by `weight` first. Large batches are split over
+/// the pool.
+pub(crate) fn quantize(pool: &Pool, x: &[f32], seq: usize, norm: Option<(&[f32], f32)>, acts: &mut QActs) {
+    let k = acts.k;
+    acts.reserve(seq);
+    let nbp = acts.nbp;
+    let row = |c: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32], dx: &mut [f32]| {
+        let xr = &x[c * k..(c + 1) * k];
+        let (gain, w) = match norm {
+            Some((w, eps)) => (ops::rms_gain(xr, eps), Some(w)),
+            None => (1.0, None),
+        };
+        quantize_row(xr, gain, w, q, d, s, dx);
+    };
+    let threads = pool.threads();
+    if seq < 4 * threads {
+        for c in 0..seq {
+            row(
+                c,
+                &mut acts.q[c * nbp * BLOCK..(c + 1) * nbp * BLOCK],
+                &mut acts.d[c * nbp..(c + 1) * nbp],
+                &mut acts.s[c * nbp..(c + 1) * nbp],
+                &mut acts.dx[c * nbp * 8..(c + 1) * nbp * 8],
+            );
+        }
+        return;
+    }
+    let (q, d, s, dx) = (
+        Disjoint::new(&mut acts.q),
+        Disjoint::new(&mut acts.d),
+        Disjoint::new(&mut acts.s),
+        Disjoint::new(&mut acts.dx),
+    );
+    const TOKENS: usize = 8;
+    pool.run(seq.div_ceil(TOKENS), &|_, chunk| {
+        for c in chunk * TOKENS..(chunk * TOKENS + TOKENS).min(seq) {
+            // SAFETY: every chunk (hence token row c) is handed to one thread only, and row
+            // c owns exactly these sub-ranges of the four buffers.
+            unsafe {
+                row(
+                    c,
+                    q.part(c * nbp * BLOCK, nbp * BLOCK),
+                    d.part(c * nbp, nbp),
+                    s.part(c * nbp, nbp),
+                    dx.part(c * nbp * 8, nbp * 8),
+                )
+            }
+        }
+    });
+}
+
+/// Calls `emit(token, first_row, values)` for every tile of rows `rows` of `w` against the
+/// first `seq` rows of `acts`.
+fn for_tiles(isa: Isa, w: &QMatrix, rows: Range<usize>, acts: &QActs, seq: usize, emit: &mut dyn FnMut(usize, usize, &[f32])) {
+    let mut r = rows.start;
+    while r < rows.end {
+        if r + 4 <= rows.end {
+            tiles_of_rows::<4>(isa, w, r, acts, seq, emit);
+            r += 4;
+        } else {
+            tiles_of_rows::<1>(isa, w, r, acts, seq, emit);
+            r += 1;
+        }
+    }
+}
+
+fn tiles_of_rows<const R: usize>(isa: Isa, w: &QMatrix, r0: usize, acts: &QActs, seq: usize, emit: &mut dyn FnMut(usize, usize, &[f32])) {
+    let wr = w.view(r0, R);
+    let mut c = 0;
+    while c + 4 <= seq {
+        let mut out = [[0f32; R]; 4];
+        kernels::tile::<R, 4>(isa, &wr, &acts.view(c, 4), &mut out);
+        for (i, o) in out.iter().enumerate() {
+            emit(c + i, r0, o);
+        }
+        c += 4;
+    }
+    while c < seq {
+        let mut out = [[0f32; R]; 1];
+        kernels::tile::<R, 1>(isa, &wr, &acts.view(c, 1), &mut out);
+        emit(c, r0, &out[0]);
+        c += 1;
+    }
+}
+
+/// What a matrix product does with its results.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Epilogue {
+    /// `out = W·a`
+    Store,
+    /// `out += W·a` (residual connections).
+    Add,
+}
+
+/// `out[c][..rows] (=|+=) W · acts[c]` for the first `seq` activation rows, with `out` rows
+/// `stride` apart; the weight rows are split over the pool.
+pub(crate) fn matmul(pool: &Pool, isa: Isa, w: &QMatrix, acts: &QActs, seq: usize, out: &mut [f32], stride: usize, epilogue: Epilogue) {
+    assert!(acts.k == w.k && stride >= w.rows && out.len() >= (seq.max(1) - 1) * stride + w.rows);
+    let chunk = rows_per_chunk(w.rows, pool.threads());
+    let out = Disjoint::new(out);
+    pool.run(w.rows.div_ceil(chunk), &|_, i| {
+        let rows = i * chunk..((i + 1) * chunk).min(w.rows);
+        for_tiles(isa, w, rows, acts, seq, &mut |c, r0, vals| {
+            // SAFETY: chunk i (one thread) writes only the columns of its own rows, in
+            // every token row.
+            let dst = unsafe { out.part(c * stride + r0, vals.len()) };
+            match epilogue {
+                Epilogue::Store => dst.copy_from_slice(vals),
+                Epilogue::Add => dst.iter_mut().zip(vals).for_each(|(o, v)| *o += v),
+            }
+        });
+    });
+}
+
+/// The gated feed-forward input: `out[c][i] = silu(gate·a)[i] · (up·a)[i]`.
+pub(crate) fn swiglu(pool: &Pool, isa: Isa, gate: &QMatrix, up: &QMatrix, acts: &QActs, seq: usize, out: &mut [f32]) {
+    let n = gate.rows;
+    assert!(up.rows == n && gate.k == acts.k && up.k == acts.k && out.len() >= seq * n);
+    let chunk = rows_per_chunk(n, pool.threads());
+    let out = Disjoint::new(out);
+    pool.run(n.div_ceil(chunk), &|_, i| {
+        let rows = i * chunk..((i + 1) * chunk).min(n);
+        // First the gate projection of this thread's rows, then the up projection
+        // multiplied in, so no temporary buffer is needed.
+        for_tiles(isa, gate, rows.clone(), acts, seq, &mut |c, r0, vals| {
+            // SAFETY: chunk i (one thread) writes only the columns of its own rows.
+            let dst = unsafe { out.part(c * n + r0, vals.len()) };
+            dst.iter_mut().zip(vals).for_each(|(o, &g)| *o = ops::silu(g));
+        });
+        for_tiles(isa, up, rows, acts, seq, &mut |c, r0, vals| {
+            // SAFETY: as above.
+            let dst = unsafe { out.part(c * n + r0, vals.len()) };
+            dst.iter_mut().zip(vals).for_each(|(o, &u)| *o *= u);
+        });
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn ggml_blocks(dtype: GgmlDType, rows: usize, k: usize, rng: &mut StdRng) -> Vec<u8> {
+        let (bytes, payload) = match dtype {
+            GgmlDType::Q8_0 => (34, 32),
+            GgmlDType::Q4_0 => (18, 16),
+            _ => (20, 16),
+        };
+        let mut data = Vec::new();
+        for _ in 0..rows * k / BLOCK {
+            data.extend_from_slice(&f16::from_f32(rng.gen_range(0.001f32..0.05)).to_le_bytes());
+            if bytes == 20 {
+                data.extend_from_slice(&f16::from_f32(rng.gen_range(-0.2f32..0.2)).to_le_bytes());
+            }
+            for _ in 0..payload {
+                data.push(rng.gen());
+            }
+        }
+        data
+    }
+
+    /// ggml's own reading of a block row.
+    fn ggml_dequantize(dtype: GgmlDType, data: &[u8], k: usize, row: usize) -> Vec<f32> {
+        let t = candle_core::quantized::QTensor::new(
+            candle_core::quantized::QStorage::from_data(std::borrow::Cow::Borrowed(data), &candle_core::Device::Cpu, dtype)
+                .expect("storage"),
+            (data.len() / (dtype.type_size() * k / BLOCK), k),
+        )
+        .expect("tensor");
+        let all = t.dequantize(&candle_core::Device::Cpu).expect("dequantize");
+        all.get(row).expect("row").to_vec1::<f32>().expect("vec")
+    }
+
+    #[test]
+    fn repacked_rows_dequantize_like_ggml() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+            for k in [32, 64, 576, 96] {
+                let data = ggml_blocks(dtype, 3, k, &mut rng);
+                let m = QMatrix::from_ggml(dtype, 3, k, &data).expect("repack");
+                for r in 0..3 {
+                    let mut got = vec![0f32; k];
+                    m.dequantize_row(r, &mut got);
+                    assert_eq!(got, ggml_dequantize(dtype, &data, k, r), "{dtype:?} k={k} row {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parallel_matmul_matches_f32_reference() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let pool = Pool::new(2).expect("pool");
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+            for (rows, k, seq) in [(70, 96, 1), (64, 576, 9), (33, 64, 5)] {
+                let w = QMatrix::from_ggml(dtype, rows, k, &ggml_blocks(dtype, rows, k, &mut rng)).expect("repack");
+                let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
+                let mut acts = QActs::new(k);
+                quantize(&pool, &x, seq, None, &mut acts);
+                let stride = rows + 3;
+                let mut out = vec![1f32; seq * stride];
+                matmul(&pool, Isa::detect(), &w, &acts, seq, &mut out, stride, Epilogue::Add);
+                let mut wrow = vec![0f32; k];
+                for r in 0..rows {
+                    w.dequantize_row(r, &mut wrow);
+                    for c in 0..seq {
+                        let xr = &x[c * k..(c + 1) * k];
+                        let exact: f32 = wrow.iter().zip(xr).map(|(a, b)| a * b).sum();
+                        let mag: f32 = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                        let got = out[c * stride + r] - 1.0;
+                        // 8-bit activations: about 1/254 relative error per value.
+                        assert!(
+                            (got - exact).abs() <= 0.01 * mag + 1e-4,
+                            "{dtype:?} {rows}x{k} token {c} row {r}: {got} vs {exact}"
+                        );
+                    }
+                }
+                for c in 0..seq {
+                    assert!(out[c * stride + rows..(c + 1) * stride].iter().all(|&v| v == 1.0), "padding touched");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_are_whole_row_groups() {
+        for rows in [16usize, 192, 576, 960, 1536, 49152] {
+            for threads in 1..5 {
+                let c = rows_per_chunk(rows, threads);
+                assert!(c % ROW_ALIGN == 0 && c >= ROW_ALIGN);
+                assert!(rows.div_ceil(c) <= 8 * threads);
+            }
+        }
+    }
+}

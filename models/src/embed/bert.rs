@@ -1,0 +1,397 @@
+//! sentence-transformers BERT models (all-MiniLM-L6-v2 and kin) on candle.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use serde::Deserialize;
+use tokenizers::{Encoding, Tokenizer, TruncationParams};
+
+use super::{EmbedError, Embedder};
+
+/// Texts per forward pass unless [`BertEmbedder::with_batch_size`] says otherwise.
+pub const DEFAULT_BATCH_SIZE: usize = 32;
+
+const CONFIG_FILE: &str = "config.json";
+const TOKENIZER_FILE: &str = "tokenizer.json";
+const WEIGHTS_FILE: &str = "model.safetensors";
+const SBERT_CONFIG_FILE: &str = "sentence_bert_config.json";
+const MODULES_FILE: &str = "modules.json";
+const POOLING_CONFIG_FILE: &str = "1_Pooling/config.json";
+
+/// A sentence-transformers BERT model: BERT encoder, mean pooling over the
+/// attention mask, L2 normalisation. Runs on the CPU in F32.
+///
+/// Loaded from a directory holding `config.json`, `tokenizer.json` and
+/// `model.safetensors`; `sentence_bert_config.json`, `modules.json` and
+/// `1_Pooling/config.json` are read when present to take the maximum sequence
+/// length and to refuse pipelines this backend does not implement.
+pub struct BertEmbedder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
+    model_id: String,
+    dim: usize,
+    max_len: usize,
+    batch_size: usize,
+}
+
+impl std::fmt::Debug for BertEmbedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BertEmbedder")
+            .field("model_id", &self.model_id)
+            .field("dim", &self.dim)
+            .field("max_len", &self.max_len)
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BertEmbedder {
+    /// Loads the model in `dir`. The model id defaults to the directory's name.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self, EmbedError> {
+        let dir = dir.as_ref();
+        let started = Instant::now();
+        let device = Device::Cpu;
+
+        let config_path = dir.join(CONFIG_FILE);
+        let config: Config = parse_json(&config_path, &read_required(&config_path)?)?;
+        validate_config(&config, &config_path)?;
+        check_pipeline(dir)?;
+
+        let sbert_path = dir.join(SBERT_CONFIG_FILE);
+        let max_seq_length = match read_optional(&sbert_path)? {
+            Some(bytes) => parse_json::<SbertConfig>(&sbert_path, &bytes)?.max_seq_length,
+            None => None,
+        };
+        let max_len = max_seq_length
+            .unwrap_or(config.max_position_embeddings)
+            .min(config.max_position_embeddings);
+        if max_len < 2 {
+            return Err(EmbedError::Corrupt {
+                path: sbert_path,
+                reason: format!("max_seq_length {max_len} leaves no room for any token"),
+            });
+        }
+
+        let tokenizer_path = dir.join(TOKENIZER_FILE);
+        let mut tokenizer = Tokenizer::from_bytes(read_required(&tokenizer_path)?).map_err(|e| {
+            EmbedError::Corrupt {
+                path: tokenizer_path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        // tokenizer.json often carries a fixed padding and a shorter truncation
+        // from export time: padding is done per batch here, truncation follows
+        // the sentence-transformers maximum.
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: max_len,
+                ..TruncationParams::default()
+            }))
+            .map_err(|e| EmbedError::Corrupt {
+                path: tokenizer_path.clone(),
+                reason: format!("cannot truncate to {max_len} tokens: {e}"),
+            })?;
+        let tokenizer_vocab = tokenizer.get_vocab_size(true);
+        if tokenizer_vocab > config.vocab_size {
+            return Err(EmbedError::Corrupt {
+                path: tokenizer_path,
+                reason: format!(
+                    "tokenizer has {tokenizer_vocab} tokens but the model only {}",
+                    config.vocab_size
+                ),
+            });
+        }
+
+        let weights_path = dir.join(WEIGHTS_FILE);
+        let weights = read_required(&weights_path)?;
+        let corrupt_weights = |e: candle_core::Error| EmbedError::Corrupt {
+            path: weights_path.clone(),
+            reason: e.to_string(),
+        };
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
+            .map_err(corrupt_weights)?;
+        let model = BertModel::load(vb, &config).map_err(corrupt_weights)?;
+
+        let model_id = dir
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|| dir.display().to_string());
+        tracing::info!(
+            model_id,
+            dir = %dir.display(),
+            dim = config.hidden_size,
+            max_len,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "loaded embedding model"
+        );
+        Ok(Self {
+            model,
+            tokenizer,
+            device,
+            model_id,
+            dim: config.hidden_size,
+            max_len,
+            batch_size: DEFAULT_BATCH_SIZE,
+        })
+    }
+
+    /// Sets the model id reported by [`Embedder::model_id`].
+    #[must_use]
+    pub fn with_model_id(mut self, model_id: impl Into<String>) -> Self {
+        self.model_id = model_id.into();
+        self
+    }
+
+    /// Sets how many texts go through one forward pass (at least 1).
+    #[must_use]
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// Texts per forward pass.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Runs one forward pass over `encodings`, padded to the longest of them,
+    /// and returns their pooled, normalised vectors in the same order.
+    fn embed_batch(&self, encodings: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let batch = encodings.len();
+        let seq_len = encodings
+            .iter()
+            .map(|e| e.get_ids().len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut ids = vec![0u32; batch * seq_len];
+        let mut mask = vec![0u32; batch * seq_len];
+        let mut lens = Vec::with_capacity(batch);
+        for (row, encoding) in encodings.iter().enumerate() {
+            let row_ids = encoding.get_ids();
+            let start = row * seq_len;
+            ids[start..start + row_ids.len()].copy_from_slice(row_ids);
+            mask[start..start + row_ids.len()].fill(1);
+            lens.push(row_ids.len());
+        }
+
+        let hidden = candle_core::utils::with_threadpool(|| -> candle_core::Result<Vec<f32>> {
+            let input_ids = Tensor::from_vec(ids, (batch, seq_len), &self.device)?;
+            let token_type_ids = input_ids.zeros_like()?;
+            let attention_mask = Tensor::from_vec(mask, (batch, seq_len), &self.device)?;
+            let output = self
+                .model
+                .forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
+            output.flatten_all()?.to_vec1::<f32>()
+        })?;
+
+        let expected = batch * seq_len * self.dim;
+        if hidden.len() != expected {
+            return Err(EmbedError::Inference(candle_core::Error::Msg(format!(
+                "model returned {} values, expected {expected}",
+                hidden.len()
+            ))));
+        }
+        Ok(lens
+            .iter()
+            .enumerate()
+            .map(|(row, &len)| {
+                let rows = &hidden[row * seq_len * self.dim..][..len * self.dim];
+                mean_pool_normalised(rows, self.dim)
+            })
+            .collect())
+    }
+}
+
+impl Embedder for BertEmbedder {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let started = Instant::now();
+        let encodings = self
+            .tokenizer
+            .encode_batch_fast(texts.to_vec(), true)
+            .map_err(|e| EmbedError::Tokenize(e.to_string()))?;
+
+        // Longest first, so texts of similar length share a batch and padding
+        // is small; results go back to the caller's order.
+        let mut order: Vec<usize> = (0..encodings.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].get_ids().len()));
+        let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
+        for chunk in order.chunks(self.batch_size) {
+            let batch: Vec<&Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
+            for (&i, vector) in chunk.iter().zip(self.embed_batch(&batch)?) {
+                vectors[i] = vector;
+            }
+        }
+        tracing::debug!(
+            model_id = %self.model_id,
+            texts = texts.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "embedded texts"
+        );
+        Ok(vectors)
+    }
+
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    fn model_id(&self) -> &str {
+        &self.model_id
+    }
+}
+
+/// Mean of the `dim`-wide rows in `rows`, scaled to unit length.
+fn mean_pool_normalised(rows: &[f32], dim: usize) -> Vec<f32> {
+    let mut sum = vec![0f32; dim];
+    let count = rows.len() / dim;
+    for row in rows.chunks_exact(dim) {
+        for (s, &x) in sum.iter_mut().zip(row) {
+            *s += x;
+        }
+    }
+    // The mean's own scale cancels out in the normalisation, but it is kept so
+    // tiny vectors meet the same epsilon as in sentence-transformers.
+    let inv_count = 1.0 / count.max(1) as f32;
+    sum.iter_mut().for_each(|s| *s *= inv_count);
+    let norm = sum.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    sum.iter_mut().for_each(|s| *s /= norm);
+    sum
+}
+
+/// The part of `sentence_bert_config.json` that matters here.
+#[derive(Deserialize)]
+struct SbertConfig {
+    max_seq_length: Option<usize>,
+}
+
+/// One entry of `modules.json`.
+#[derive(Deserialize)]
+struct ModuleEntry {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+/// `1_Pooling/config.json`.
+#[derive(Deserialize)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_max_tokens: bool,
+    #[serde(default)]
+    pooling_mode_mean_sqrt_len_tokens: bool,
+}
+
+/// Refuses sentence-transformers pipelines other than
+/// Transformer → mean Pooling → (Normalize).
+fn check_pipeline(dir: &Path) -> Result<(), EmbedError> {
+    let modules_path = dir.join(MODULES_FILE);
+    if let Some(bytes) = read_optional(&modules_path)? {
+        let modules: Vec<ModuleEntry> = parse_json(&modules_path, &bytes)?;
+        for module in &modules {
+            let kind = module.kind.rsplit('.').next().unwrap_or(&module.kind);
+            if !matches!(kind, "Transformer" | "Pooling" | "Normalize") {
+                return Err(EmbedError::Unsupported(format!(
+                    "module {} in {} (only Transformer, Pooling and Normalize are implemented)",
+                    module.kind,
+                    modules_path.display()
+                )));
+            }
+        }
+    }
+    let pooling_path = dir.join(POOLING_CONFIG_FILE);
+    if let Some(bytes) = read_optional(&pooling_path)? {
+        let pooling: PoolingConfig = parse_json(&pooling_path, &bytes)?;
+        let mean_only = pooling.pooling_mode_mean_tokens
+            && !pooling.pooling_mode_cls_token
+            && !pooling.pooling_mode_max_tokens
+            && !pooling.pooling_mode_mean_sqrt_len_tokens;
+        if !mean_only {
+            return Err(EmbedError::Unsupported(format!(
+                "pooling in {} (only mean pooling is implemented)",
+                pooling_path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Rejects configs that would make the forward pass fail or panic later.
+fn validate_config(config: &Config, path: &Path) -> Result<(), EmbedError> {
+    let reason = if config.hidden_size == 0 || config.num_attention_heads == 0 {
+        Some("hidden_size and num_attention_heads must be positive".to_owned())
+    } else if config.hidden_size % config.num_attention_heads != 0 {
+        Some(format!(
+            "hidden_size {} is not a multiple of num_attention_heads {}",
+            config.hidden_size, config.num_attention_heads
+        ))
+    } else if config.type_vocab_size == 0 {
+        Some("type_vocab_size must be positive".to_owned())
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(EmbedError::Corrupt {
+            path: path.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn read_required(path: &Path) -> Result<Vec<u8>, EmbedError> {
+    read_optional(path)?.ok_or_else(|| EmbedError::MissingFile {
+        path: path.to_owned(),
+    })
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, EmbedError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(EmbedError::Read {
+            path: PathBuf::from(path),
+            source,
+        }),
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, EmbedError> {
+    serde_json::from_slice(bytes).map_err(|e| EmbedError::Corrupt {
+        path: path.to_owned(),
+        reason: format!("not the expected JSON: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_pool_averages_rows_then_normalises() {
+        let v = mean_pool_normalised(&[1.0, 0.0, 3.0, 4.0], 2);
+        // mean (2, 2) -> unit (0.7071, 0.7071)
+        assert!((v[0] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6);
+        assert!((v[1] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn mean_pool_of_zeros_stays_finite() {
+        let v = mean_pool_normalised(&[0.0; 4], 2);
+        assert_eq!(v, vec![0.0, 0.0]);
+    }
+}

