@@ -163,6 +163,7 @@ struct Actor {
     events: broadcast::Sender<SwarmEvent>,
     on_renew: Box<dyn Fn(MemberId) + Send + Sync>,
     max_members: usize,
+    leaving: bool,
     cancel: CancellationToken,
 }
 
@@ -191,6 +192,7 @@ impl Membership {
             events,
             on_renew,
             max_members,
+            leaving: false,
             cancel,
         };
         tokio::spawn(actor.run(rx));
@@ -246,6 +248,7 @@ impl Actor {
                 Input::Announce(to) => self.foca.announce(to, &mut self.rt),
                 Input::Timer(t) => self.foca.handle_timer(t, &mut self.rt),
                 Input::Leave(done) => {
+                    self.leaving = true;
                     let r = self.foca.leave_cluster(&mut self.rt);
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "leave_cluster failed");
@@ -296,6 +299,7 @@ impl Actor {
                 );
                 (self.on_renew)(me);
             }
+            OwnedNotification::Defunct if self.leaving => tracing::debug!("left the swarm"),
             OwnedNotification::Defunct => {
                 tracing::warn!("declared down by the swarm and could not rejoin")
             }

@@ -33,6 +33,10 @@ fn env(name: &str) -> String {
 
 /// Runs a swarm node; with EXPECT > 0 waits for that many alive peers.
 fn child_node() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let listen: SocketAddr = env("LISTEN").parse().unwrap();
     let secret: SwarmSecret = env("SECRET").parse().unwrap();
     let expect: usize = env("EXPECT").parse().unwrap();
@@ -53,6 +57,8 @@ fn child_node() {
                 .filter(|p| p.state == PeerState::Alive)
                 .count();
             if expect > 0 && alive >= expect {
+                // Stay up a little so the other side can see us alive too.
+                tokio::time::sleep(Duration::from_secs(3)).await;
                 break true;
             }
             if start.elapsed() > run_for {
@@ -60,7 +66,7 @@ fn child_node() {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        println!("alive={}", s.peers().len());
+        println!("peers={:?}", s.peers());
         s.shutdown().await;
         ok
     });

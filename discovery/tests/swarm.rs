@@ -319,6 +319,12 @@ async fn records_replicate_and_converge_after_partition() {
         let r = Record::sign(&c_identity, "memory", format!("c{i}").into_bytes()).unwrap();
         stores[2].insert(r).unwrap();
     }
+    // Pushes run in the background: let A and B settle before measuring.
+    eventually(Duration::from_secs(10), "A and B in sync", || {
+        let s = stores.clone();
+        async move { s[0].len().unwrap() == 41 && s[1].len().unwrap() == 41 }
+    })
+    .await;
     let a_before = a.metrics().records_accepted;
     // Heal: C restarts with the same data dir and store.
     let c2 = start(2, vec![]).await.unwrap();

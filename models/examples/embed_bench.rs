@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 
 use starling_models::embed::{BertEmbedder, Embedder};
 
-fn best_rate(rounds: usize, sentences: usize, mut run: impl FnMut() -> Result<(), Box<dyn std::error::Error>>) -> Result<f64, Box<dyn std::error::Error>> {
+fn best_rate(
+    rounds: usize,
+    sentences: usize,
+    mut run: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<f64, Box<dyn std::error::Error>> {
     let mut best = Duration::MAX;
     for _ in 0..rounds {
         let started = Instant::now();
@@ -24,7 +28,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: embed_bench MODEL_DIR SENTENCES_FILE [ROUNDS]".into());
     };
     let rounds: usize = match args.get(3) {
-        Some(r) => r.parse().map_err(|e| format!("ROUNDS must be a number: {e}"))?,
+        Some(r) => r
+            .parse()
+            .map_err(|e| format!("ROUNDS must be a number: {e}"))?,
         None => 3,
     };
     let text = std::fs::read_to_string(sentences_file)

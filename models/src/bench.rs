@@ -59,10 +59,21 @@ pub struct BenchResult {
 }
 
 /// Runs the benchmark on a GGUF file. `progress` is called with a line of status per run.
-pub fn run(path: &Path, config: &BenchConfig, device: DeviceKind, mut progress: impl FnMut(&str)) -> Result<Vec<BenchResult>> {
+pub fn run(
+    path: &Path,
+    config: &BenchConfig,
+    device: DeviceKind,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<BenchResult>> {
     let device = &device.open()?;
     let file = GgufFile::open(path)?;
-    let longest = config.prompt_tokens.iter().chain(&config.gen_tokens).max().copied().unwrap_or(1);
+    let longest = config
+        .prompt_tokens
+        .iter()
+        .chain(&config.gen_tokens)
+        .max()
+        .copied()
+        .unwrap_or(1);
     let mut model = arch::load(&file, device, longest + 1)?;
     let vocab = model.vocab_size() as u32;
     let arch_name = file.architecture()?;
@@ -76,9 +87,19 @@ pub fn run(path: &Path, config: &BenchConfig, device: DeviceKind, mut progress: 
         .iter()
         .filter(|&&n| n > 0)
         .map(|&n| (true, n))
-        .chain(config.gen_tokens.iter().filter(|&&n| n > 0).map(|&n| (false, n)));
+        .chain(
+            config
+                .gen_tokens
+                .iter()
+                .filter(|&&n| n > 0)
+                .map(|&n| (false, n)),
+        );
     for (is_prompt, n) in tests {
-        let name = if is_prompt { format!("pp{n}") } else { format!("tg{n}") };
+        let name = if is_prompt {
+            format!("pp{n}")
+        } else {
+            format!("tg{n}")
+        };
         let mut samples = Vec::with_capacity(config.repetitions);
         for rep in 0..=config.repetitions {
             let tokens: Vec<u32> = (0..n).map(|_| rng.gen_range(0..vocab)).collect();
@@ -87,14 +108,20 @@ pub fn run(path: &Path, config: &BenchConfig, device: DeviceKind, mut progress: 
             if rep == 0 {
                 progress(&format!("{name}: warm-up {tps:.1} tok/s"));
             } else {
-                progress(&format!("{name}: run {rep}/{} {tps:.1} tok/s", config.repetitions));
+                progress(&format!(
+                    "{name}: run {rep}/{} {tps:.1} tok/s",
+                    config.repetitions
+                ));
                 samples.push(tps);
             }
         }
         let (mean, sd) = mean_stddev(&samples);
         results.push(BenchResult {
             test: name,
-            model: path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+            model: path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             architecture: arch_name.clone(),
             quantization: quant.clone(),
             size_bytes: size,

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use crate::arch::{self, Transformer};
 use crate::chat::{ChatMessage, ChatTemplate};
+use crate::constraint::{Constraint, ConstraintCompiler, ConstraintState, TokenVocab};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 use crate::sampling::{Sampler, SamplingOptions};
@@ -42,10 +43,14 @@ impl DeviceKind {
         match self {
             Self::Cpu => Ok(Device::Cpu),
             Self::Cuda => Device::new_cuda(0).map_err(|e| {
-                ModelError::InvalidRequest(format!("cannot open CUDA device (build with `--features cuda`): {e}"))
+                ModelError::InvalidRequest(format!(
+                    "cannot open CUDA device (build with `--features cuda`): {e}"
+                ))
             }),
             Self::Metal => Device::new_metal(0).map_err(|e| {
-                ModelError::InvalidRequest(format!("cannot open Metal device (build with `--features metal`): {e}"))
+                ModelError::InvalidRequest(format!(
+                    "cannot open Metal device (build with `--features metal`): {e}"
+                ))
             }),
         }
     }
@@ -114,6 +119,9 @@ pub struct GenerateRequest {
     pub sampling: SamplingOptions,
     /// Generation stops before any of these strings; they are not part of the output.
     pub stop: Vec<String>,
+    /// Output must match this JSON Schema, regular expression or grammar. Enforced token by
+    /// token: the output always matches unless `max_tokens` cuts it short.
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerateRequest {
@@ -124,6 +132,7 @@ impl GenerateRequest {
             max_tokens: 256,
             sampling: SamplingOptions::default(),
             stop: Vec::new(),
+            constraint: None,
         }
     }
 }
@@ -196,6 +205,7 @@ impl Generation {
 struct Job {
     prompt: Vec<u32>,
     req: GenerateRequest,
+    constraint: Option<ConstraintState>,
     tx: mpsc::UnboundedSender<Result<Chunk>>,
 }
 
@@ -207,6 +217,8 @@ pub struct Engine {
     tokenizer: Arc<GgufTokenizer>,
     template: Arc<ChatTemplate>,
     info: Arc<ModelInfo>,
+    /// Built on the first constrained request (it indexes the whole vocabulary once).
+    constraints: Arc<std::sync::OnceLock<std::result::Result<ConstraintCompiler, String>>>,
 }
 
 impl Engine {
@@ -240,13 +252,34 @@ impl Engine {
         std::thread::Builder::new()
             .name(format!("starling-infer-{}", info.id))
             .spawn(move || worker.run(rx))
-            .map_err(|e| ModelError::InvalidRequest(format!("cannot start the inference thread: {e}")))?;
+            .map_err(|e| {
+                ModelError::InvalidRequest(format!("cannot start the inference thread: {e}"))
+            })?;
         Ok(Self {
             jobs,
             tokenizer,
             template,
             info,
+            constraints: Arc::default(),
         })
+    }
+
+    /// Compiles a constraint for this model's vocabulary (a clear error when the schema,
+    /// regex or grammar is invalid).
+    pub fn compile_constraint(&self, constraint: &Constraint) -> Result<ConstraintState> {
+        let compiler = self
+            .constraints
+            .get_or_init(|| {
+                ConstraintCompiler::new(token_vocab(&self.tokenizer, self.info.vocab_size))
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| {
+                ModelError::InvalidRequest(format!(
+                    "constrained decoding is unavailable for this model: {e}"
+                ))
+            })?;
+        Ok(compiler.compile(constraint)?)
     }
 
     /// What this model is.
@@ -278,7 +311,9 @@ impl Engine {
     pub fn generate(&self, req: GenerateRequest) -> Result<Generation> {
         req.sampling.validate()?;
         if req.max_tokens == 0 {
-            return Err(ModelError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(ModelError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
         let prompt = self.prompt_tokens(&req.prompt)?;
         if prompt.is_empty() {
@@ -290,9 +325,19 @@ impl Engine {
                 max: self.info.context_length,
             });
         }
+        let constraint = req
+            .constraint
+            .as_ref()
+            .map(|c| self.compile_constraint(c))
+            .transpose()?;
         let (tx, rx) = mpsc::unbounded_channel();
         self.jobs
-            .send(Job { prompt, req, tx })
+            .send(Job {
+                prompt,
+                req,
+                constraint,
+                tx,
+            })
             .map_err(|_| ModelError::EngineStopped)?;
         Ok(Generation { rx })
     }
@@ -350,7 +395,12 @@ impl Worker {
     }
 
     fn serve(&mut self, job: Job) -> Result<()> {
-        let Job { prompt, req, tx } = job;
+        let Job {
+            prompt,
+            req,
+            mut constraint,
+            tx,
+        } = job;
         let started = Instant::now();
         let (mut logits, reused) = self.prefill(&prompt)?;
         let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -368,13 +418,31 @@ impl Worker {
         let mut finish = FinishReason::Length;
         let mut hit_stop_string = false;
         while generated < budget {
+            if constraint.as_ref().is_some_and(|c| c.is_finished()) {
+                finish = FinishReason::Stop;
+                break;
+            }
             sampler.penalize(&mut logits, &history);
-            let Some(token) = sampler.pick(&logits) else {
-                return Err(ModelError::InvalidRequest("the model produced no valid logits".into()));
+            let mut token = sampler.pick(&logits);
+            if let (Some(c), Some(t)) = (constraint.as_mut(), token) {
+                // Lazy masking: the full mask is computed only when the sampled token breaks
+                // the constraint, then the token is drawn again from the allowed ones.
+                if !c.is_allowed(t) {
+                    c.compute_mask()?.apply_to_logits(&mut logits);
+                    token = sampler.pick(&logits);
+                }
+            }
+            let Some(token) = token else {
+                return Err(ModelError::InvalidRequest(
+                    "the model produced no valid logits".into(),
+                ));
             };
             if eot.contains(&token) {
                 finish = FinishReason::Stop;
                 break;
+            }
+            if let Some(c) = constraint.as_mut() {
+                c.commit(token)?;
             }
             generated += 1;
             history.push(token);
@@ -421,6 +489,37 @@ impl Worker {
     }
 }
 
+/// The vocabulary as raw bytes per token, for the constraint engine. Ids past the
+/// tokenizer's vocabulary (models whose output layer is padded) are empty and never allowed.
+fn token_vocab(tokenizer: &Arc<GgufTokenizer>, model_vocab: usize) -> TokenVocab {
+    let n = tokenizer.vocab_size().max(model_vocab);
+    let tokens = (0..n as u32)
+        .map(|id| {
+            if (id as usize) < tokenizer.vocab_size() {
+                tokenizer.token_bytes(id).to_vec()
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    let special = (0..tokenizer.vocab_size() as u32)
+        .filter(|&id| tokenizer.is_special(id))
+        .collect();
+    let tok = tokenizer.clone();
+    TokenVocab {
+        tokens,
+        special,
+        eos_ids: tokenizer.eot_ids().to_vec(),
+        tokenize: Arc::new(move |bytes: &[u8]| {
+            // The constraint engine passes valid UTF-8; anything else tokenises to nothing.
+            std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|s| tok.encode(s, false).ok())
+                .unwrap_or_default()
+        }),
+    }
+}
+
 /// The most common quantisation type among 2-D weights, by element count.
 pub(crate) fn dominant_quantization(file: &GgufFile) -> String {
     let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
@@ -458,7 +557,10 @@ impl ModelSlot {
     pub fn current(&self) -> Engine {
         // A poisoned lock means a writer panicked after or before the assignment; either
         // way the stored engine is a complete value.
-        self.active.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.active
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Makes `engine` the active one and returns the previous one.

@@ -57,6 +57,9 @@ pub enum ModelError {
     /// The chat template could not be compiled or rendered.
     #[error(transparent)]
     Chat(#[from] crate::chat::ChatError),
+    /// A constraint could not be compiled, or output broke it.
+    #[error(transparent)]
+    Constraint(#[from] crate::constraint::ConstraintError),
     /// The inference thread is gone (the model was unloaded or crashed).
     #[error("the inference engine has stopped")]
     EngineStopped,

@@ -103,10 +103,12 @@ impl GgufFile {
         for (name, info) in &self.content.tensor_infos {
             let elems = info.shape.elem_count();
             let block = info.ggml_dtype.block_size();
-            if block == 0 || elems % block != 0 {
+            if block == 0 || !elems.is_multiple_of(block) {
                 return Err(ModelError::Tensor {
                     name: name.clone(),
-                    reason: format!("{elems} elements is not a whole number of {block}-element blocks"),
+                    reason: format!(
+                        "{elems} elements is not a whole number of {block}-element blocks"
+                    ),
                 });
             }
             let bytes = (elems / block) as u64 * info.ggml_dtype.type_size() as u64;

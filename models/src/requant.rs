@@ -86,10 +86,15 @@ pub fn prepare(path: &Path, policy: Requantize, fallback_dir: &Path) -> Result<P
     if !needs {
         return Ok(path.to_path_buf());
     }
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let name = format!("{stem}.requant-{policy}.gguf");
     let beside = path.parent().map(|d| d.join(&name));
-    let candidates = beside.into_iter().chain(std::iter::once(fallback_dir.join(&name)));
+    let candidates = beside
+        .into_iter()
+        .chain(std::iter::once(fallback_dir.join(&name)));
     let mut last_err = None;
     for out in candidates {
         if is_fresh(&out, path) {
@@ -103,7 +108,9 @@ pub fn prepare(path: &Path, policy: Requantize, fallback_dir: &Path) -> Result<P
             }
         }
     }
-    Err(last_err.unwrap_or_else(|| ModelError::InvalidRequest("no place to write the requantised model".into())))
+    Err(last_err.unwrap_or_else(|| {
+        ModelError::InvalidRequest("no place to write the requantised model".into())
+    }))
 }
 
 /// A converted file is reused when it exists, parses, and is newer than the source.
@@ -133,7 +140,7 @@ pub fn convert(file: &GgufFile, target: GgmlDType, out: &Path) -> Result<()> {
         let k = info.shape.dims().last().copied().unwrap_or(0);
         let t = if lacks_fast_kernel(info.ggml_dtype)
             && info.shape.rank() == 2
-            && k % target.block_size() == 0
+            && k.is_multiple_of(target.block_size())
         {
             converted += 1;
             QTensor::quantize(&t.dequantize(&device)?, target)?
@@ -142,7 +149,8 @@ pub fn convert(file: &GgufFile, target: GgmlDType, out: &Path) -> Result<()> {
         };
         tensors.push((name.clone(), t));
     }
-    let mut metadata: Vec<(&str, &gguf_file::Value)> = ct.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut metadata: Vec<(&str, &gguf_file::Value)> =
+        ct.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     metadata.sort_by_key(|(k, _)| *k);
     let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
 

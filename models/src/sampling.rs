@@ -218,7 +218,9 @@ mod tests {
             seed: Some(42),
             ..SamplingOptions::default()
         };
-        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+            .collect();
         let mut a = Sampler::new(opts.clone());
         let mut b = Sampler::new(opts);
         let xa: Vec<_> = (0..50).map(|_| a.pick(&logits)).collect();

@@ -87,7 +87,10 @@ mod tests {
 
     #[test]
     fn stop_split_across_chunks() {
-        assert_eq!(run(&["END"], &["abc E", "N", "D more"]), ("abc ".into(), true));
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D more"]),
+            ("abc ".into(), true)
+        );
     }
 
     #[test]
@@ -97,7 +100,10 @@ mod tests {
 
     #[test]
     fn earliest_of_several_stops_wins() {
-        assert_eq!(run(&["world", "lo"], &["hello world"]), ("hel".into(), true));
+        assert_eq!(
+            run(&["world", "lo"], &["hello world"]),
+            ("hel".into(), true)
+        );
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Sentence embeddings against the sentence-transformers reference.
 //!
-//! Tests that need the real all-MiniLM-L6-v2 files find them in the directory
-//! named by `STARLING_TEST_EMBED` (default `/tmp/m/minilm`) and skip with a
-//! message when it is absent. The reference vectors in
+//! Tests that need the real all-MiniLM-L6-v2 files get them from
+//! `starling_models::testing` (`STARLING_TEST_EMBED`, or the model cache, fetched on first
+//! use); a missing model fails the test. The reference vectors in
 //! `fixtures/embed/reference.json` come from `fixtures/embed/make_reference.py`.
 
 use std::path::{Path, PathBuf};
@@ -10,8 +10,6 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 use starling_models::embed::{BertEmbedder, EmbedError, EmbedHandle, Embedder};
-
-const DEFAULT_MODEL_DIR: &str = "/tmp/m/minilm";
 
 #[derive(Deserialize)]
 struct Reference {
@@ -32,20 +30,10 @@ fn reference() -> Reference {
     serde_json::from_slice(&bytes).expect("parse reference.json")
 }
 
+/// The real model directory, found (and fetched on first use) by
+/// `starling_models::testing`; a missing model fails the test.
 fn model_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(
-        std::env::var_os("STARLING_TEST_EMBED").unwrap_or_else(|| DEFAULT_MODEL_DIR.into()),
-    );
-    if dir.join("model.safetensors").is_file() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIP: no embedding model at {} (set STARLING_TEST_EMBED to an extracted \
-             all-MiniLM-L6-v2 directory)",
-            dir.display()
-        );
-        None
-    }
+    Some(starling_models::testing::embedding_model())
 }
 
 /// The real model, loaded once per test binary; `None` (after a skip message)
@@ -70,7 +58,10 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -80,7 +71,14 @@ fn reports_model_shape() {
     assert_eq!(model.dim(), 384);
     assert_eq!(model.max_len(), reference.max_seq_length);
     assert_eq!(model.max_len(), 256);
-    assert_eq!(model.model_id(), model_dir().expect("dir").file_name().expect("name").to_string_lossy());
+    assert_eq!(
+        model.model_id(),
+        model_dir()
+            .expect("dir")
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+    );
     let renamed = BertEmbedder::load(model_dir().expect("dir"))
         .expect("load")
         .with_model_id("all-MiniLM-L6-v2");
@@ -101,13 +99,20 @@ fn matches_sentence_transformers() {
     let texts: Vec<&str> = reference.entries.iter().map(|e| e.text.as_str()).collect();
     let vectors = model.embed(&texts).expect("embed");
     assert_eq!(vectors.len(), texts.len());
+    let mut worst = f32::INFINITY;
     for (entry, vector) in reference.entries.iter().zip(&vectors) {
         assert_eq!(vector.len(), 384);
         assert!(vector.iter().all(|x| x.is_finite()), "{:?}", entry.text);
-        assert!((norm(vector) - 1.0).abs() < 1e-4, "norm of {:?}", entry.text);
+        assert!(
+            (norm(vector) - 1.0).abs() < 1e-4,
+            "norm of {:?}",
+            entry.text
+        );
         let cos = cosine(vector, &entry.vector);
         assert!(cos >= 0.999, "cosine {cos} for {:?}", entry.text);
+        worst = worst.min(cos);
     }
+    eprintln!("lowest cosine to the reference: {worst:.6}");
 }
 
 #[test]
@@ -167,7 +172,9 @@ fn text_past_the_limit_is_ignored() {
     let v = model.embed(&[&long, &longer]).expect("embed");
     assert!(max_abs_diff(&v[0], &v[1]) < 1e-6);
     // ... whereas within the limit, the tail counts.
-    let w = model.embed(&["alpha alpha", "alpha alpha and then something else"]).expect("embed");
+    let w = model
+        .embed(&["alpha alpha", "alpha alpha and then something else"])
+        .expect("embed");
     assert!(max_abs_diff(&w[0], &w[1]) > 1e-2);
 }
 
@@ -225,13 +232,19 @@ fn missing_files_are_named() {
 
     let no_weights = partial_copy(&dir, &["config.json", "tokenizer.json"]);
     let err = BertEmbedder::load(no_weights.path()).expect_err("no weights");
-    assert!(matches!(&err, EmbedError::MissingFile { path } if path.ends_with("model.safetensors")));
+    assert!(
+        matches!(&err, EmbedError::MissingFile { path } if path.ends_with("model.safetensors"))
+    );
 }
 
 #[test]
 fn corrupt_files_are_named() {
     let bad_config = tempfile::tempdir().expect("tempdir");
-    std::fs::write(bad_config.path().join("config.json"), b"{\"hidden_size\": 384").expect("write");
+    std::fs::write(
+        bad_config.path().join("config.json"),
+        b"{\"hidden_size\": 384",
+    )
+    .expect("write");
     match BertEmbedder::load(bad_config.path()) {
         Err(EmbedError::Corrupt { path, .. }) => assert!(path.ends_with("config.json")),
         other => panic!("expected Corrupt config, got {other:?}"),
@@ -239,32 +252,55 @@ fn corrupt_files_are_named() {
 
     let Some(dir) = model_dir() else { return };
     let bad_weights = partial_copy(&dir, &["config.json", "tokenizer.json"]);
-    std::fs::write(bad_weights.path().join("model.safetensors"), b"\x10\x00\x00\x00garbage").expect("write");
+    std::fs::write(
+        bad_weights.path().join("model.safetensors"),
+        b"\x10\x00\x00\x00garbage",
+    )
+    .expect("write");
     let err = BertEmbedder::load(bad_weights.path()).expect_err("corrupt weights");
-    assert!(matches!(&err, EmbedError::Corrupt { path, .. } if path.ends_with("model.safetensors")), "{err}");
+    assert!(
+        matches!(&err, EmbedError::Corrupt { path, .. } if path.ends_with("model.safetensors")),
+        "{err}"
+    );
 
     // A truncated weights file: the header is intact, the tensors are not.
     let truncated = partial_copy(&dir, &["config.json", "tokenizer.json"]);
     let weights = std::fs::read(dir.join("model.safetensors")).expect("read");
-    std::fs::write(truncated.path().join("model.safetensors"), &weights[..weights.len() / 2]).expect("write");
+    std::fs::write(
+        truncated.path().join("model.safetensors"),
+        &weights[..weights.len() / 2],
+    )
+    .expect("write");
     let err = BertEmbedder::load(truncated.path()).expect_err("truncated weights");
-    assert!(matches!(&err, EmbedError::Corrupt { path, .. } if path.ends_with("model.safetensors")), "{err}");
+    assert!(
+        matches!(&err, EmbedError::Corrupt { path, .. } if path.ends_with("model.safetensors")),
+        "{err}"
+    );
 
     let bad_tokenizer = partial_copy(&dir, &["config.json", "model.safetensors"]);
     std::fs::write(bad_tokenizer.path().join("tokenizer.json"), b"not json").expect("write");
     let err = BertEmbedder::load(bad_tokenizer.path()).expect_err("corrupt tokenizer");
-    assert!(matches!(&err, EmbedError::Corrupt { path, .. } if path.ends_with("tokenizer.json")), "{err}");
+    assert!(
+        matches!(&err, EmbedError::Corrupt { path, .. } if path.ends_with("tokenizer.json")),
+        "{err}"
+    );
 }
 
 #[test]
 fn unsupported_pooling_is_refused() {
     let Some(dir) = model_dir() else { return };
-    let cls = partial_copy(&dir, &["config.json", "tokenizer.json", "model.safetensors"]);
+    let cls = partial_copy(
+        &dir,
+        &["config.json", "tokenizer.json", "model.safetensors"],
+    );
     std::fs::create_dir(cls.path().join("1_Pooling")).expect("mkdir");
     std::fs::write(
         cls.path().join("1_Pooling/config.json"),
         br#"{"word_embedding_dimension": 384, "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#,
     )
     .expect("write");
-    assert!(matches!(BertEmbedder::load(cls.path()), Err(EmbedError::Unsupported(_))));
+    assert!(matches!(
+        BertEmbedder::load(cls.path()),
+        Err(EmbedError::Unsupported(_))
+    ));
 }

@@ -36,7 +36,10 @@ fn byte_chars() -> Vec<char> {
     }
     printable.clear();
     chars.sort();
-    chars.into_iter().map(|(_, c)| char::from_u32(c).expect("valid char")).collect()
+    chars
+        .into_iter()
+        .map(|(_, c)| char::from_u32(c).expect("valid char"))
+        .collect()
 }
 
 struct Vocab {
@@ -46,7 +49,11 @@ struct Vocab {
 }
 
 fn vocab() -> Vocab {
-    let mut tokens = vec!["<|endoftext|>".to_string(), "<|im_start|>".into(), "<|im_end|>".into()];
+    let mut tokens = vec![
+        "<|endoftext|>".to_string(),
+        "<|im_start|>".into(),
+        "<|im_end|>".into(),
+    ];
     let mut types = vec![3, 3, 3];
     for c in byte_chars() {
         tokens.push(c.to_string());
@@ -66,11 +73,15 @@ fn vocab() -> Vocab {
 
 fn random(shape: (usize, usize), seed: u64) -> Tensor {
     // A small LCG keeps the weights reproducible without extra dependencies.
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let n = shape.0 * shape.1;
     let data: Vec<f32> = (0..n)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.2
         })
         .collect();
@@ -82,7 +93,13 @@ fn write_tiny_llama(path: &Path, dtype: GgmlDType) {
     let v = vocab();
     let n_vocab = v.tokens.len();
     let q = |t: Tensor| QTensor::quantize(&t, dtype).expect("quantize");
-    let f32t = |n: usize| QTensor::quantize(&Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).expect("ones"), GgmlDType::F32).expect("f32");
+    let f32t = |n: usize| {
+        QTensor::quantize(
+            &Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).expect("ones"),
+            GgmlDType::F32,
+        )
+        .expect("f32")
+    };
     let mut tensors: Vec<(String, QTensor)> = vec![
         ("token_embd.weight".into(), q(random((n_vocab, HIDDEN), 1))),
         ("output_norm.weight".into(), f32t(HIDDEN)),
@@ -114,11 +131,17 @@ fn write_tiny_llama(path: &Path, dtype: GgmlDType) {
         ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
         ("llama.rope.freq_base", Value::F32(10000.0)),
-        ("llama.rope.dimension_count", Value::U32((HIDDEN / HEADS) as u32)),
+        (
+            "llama.rope.dimension_count",
+            Value::U32((HIDDEN / HEADS) as u32),
+        ),
         ("tokenizer.ggml.model", Value::String("gpt2".into())),
         ("tokenizer.ggml.pre", Value::String("smollm".into())),
         ("tokenizer.ggml.tokens", strs(&v.tokens)),
-        ("tokenizer.ggml.token_type", Value::Array(v.types.iter().map(|&t| Value::I32(t)).collect())),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(v.types.iter().map(|&t| Value::I32(t)).collect()),
+        ),
         ("tokenizer.ggml.merges", strs(&v.merges)),
         ("tokenizer.ggml.bos_token_id", Value::U32(1)),
         ("tokenizer.ggml.eos_token_id", Value::U32(2)),
@@ -143,6 +166,7 @@ fn greedy(prompt: &str, max_tokens: usize) -> GenerateRequest {
         max_tokens,
         sampling: SamplingOptions::greedy(),
         stop: Vec::new(),
+        constraint: None,
     }
 }
 
@@ -156,9 +180,15 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 #[tokio::test]
 async fn generates_and_streams_the_same_text_twice() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = Engine::load(&tiny(dir.path(), GgmlDType::Q8_0), &EngineConfig::default()).expect("load");
+    let engine =
+        Engine::load(&tiny(dir.path(), GgmlDType::Q8_0), &EngineConfig::default()).expect("load");
     assert_eq!(engine.info().architecture, "llama");
-    let (text, done) = engine.generate(greedy("hello there", 24)).expect("queue").text().await.expect("run");
+    let (text, done) = engine
+        .generate(greedy("hello there", 24))
+        .expect("queue")
+        .text()
+        .await
+        .expect("run");
     // Random weights rarely pick the end token; either way the counts must be consistent.
     assert!(done.completion_tokens <= 24);
     if done.finish_reason == FinishReason::Length {
@@ -192,7 +222,11 @@ fn cached_prefix_gives_the_same_logits_as_a_fresh_prefill() {
     m.truncate(0);
     m.forward(&tokens[..17]).expect("first part");
     let split = m.forward(&tokens[17..]).expect("second part");
-    assert!(cosine(&whole, &split) > 0.9999, "cosine {}", cosine(&whole, &split));
+    assert!(
+        cosine(&whole, &split) > 0.9999,
+        "cosine {}",
+        cosine(&whole, &split)
+    );
     // Token by token after rolling back to a shared prefix.
     m.truncate(5);
     assert_eq!(m.cache_len(), 5);
@@ -200,8 +234,17 @@ fn cached_prefix_gives_the_same_logits_as_a_fresh_prefill() {
     for &t in &tokens[5..] {
         last = m.forward(&[t]).expect("step");
     }
-    assert!(cosine(&whole, &last) > 0.9999, "cosine {}", cosine(&whole, &last));
-    let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|x| x.0);
+    assert!(
+        cosine(&whole, &last) > 0.9999,
+        "cosine {}",
+        cosine(&whole, &last)
+    );
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|x| x.0)
+    };
     assert_eq!(argmax(&whole), argmax(&last));
 }
 
@@ -215,17 +258,33 @@ fn q4_1_is_requantised_once_and_stays_close() {
     let q = &converted.content().tensor_infos["blk.0.attn_q.weight"];
     assert_eq!(q.ggml_dtype, GgmlDType::Q8_0);
     // A second call reuses the file.
-    let stamp = std::fs::metadata(&out).and_then(|m| m.modified()).expect("mtime");
+    let stamp = std::fs::metadata(&out)
+        .and_then(|m| m.modified())
+        .expect("mtime");
     let again = requant::prepare(&src, Requantize::Q8_0, dir.path()).expect("prepare again");
     assert_eq!(again, out);
-    assert_eq!(std::fs::metadata(&out).and_then(|m| m.modified()).expect("mtime"), stamp);
+    assert_eq!(
+        std::fs::metadata(&out)
+            .and_then(|m| m.modified())
+            .expect("mtime"),
+        stamp
+    );
     // `off` keeps the original.
-    assert_eq!(requant::prepare(&src, Requantize::Off, dir.path()).expect("off"), src);
+    assert_eq!(
+        requant::prepare(&src, Requantize::Off, dir.path()).expect("off"),
+        src
+    );
 
     let tokens: Vec<u32> = (20..50).collect();
     let orig = GgufFile::open(&src).expect("open");
-    let a = arch::load(&orig, &Device::Cpu, 64).expect("load").forward(&tokens).expect("fwd");
-    let b = arch::load(&converted, &Device::Cpu, 64).expect("load").forward(&tokens).expect("fwd");
+    let a = arch::load(&orig, &Device::Cpu, 64)
+        .expect("load")
+        .forward(&tokens)
+        .expect("fwd");
+    let b = arch::load(&converted, &Device::Cpu, 64)
+        .expect("load")
+        .forward(&tokens)
+        .expect("fwd");
     assert!(cosine(&a, &b) > 0.99, "cosine {}", cosine(&a, &b));
 }
 
@@ -237,17 +296,23 @@ fn damaged_files_are_clear_errors() {
 
     let truncated = dir.path().join("truncated.gguf");
     std::fs::write(&truncated, &bytes[..bytes.len() * 2 / 3]).expect("write");
-    let err = Engine::load(&truncated, &EngineConfig::default()).err().expect("must fail");
+    let err = Engine::load(&truncated, &EngineConfig::default())
+        .err()
+        .expect("must fail");
     assert!(matches!(err, ModelError::BadGguf { .. }), "{err}");
     assert!(err.to_string().contains("truncated"), "{err}");
 
     let garbage = dir.path().join("garbage.gguf");
     std::fs::write(&garbage, b"definitely not a model file").expect("write");
-    let err = Engine::load(&garbage, &EngineConfig::default()).err().expect("must fail");
+    let err = Engine::load(&garbage, &EngineConfig::default())
+        .err()
+        .expect("must fail");
     assert!(matches!(err, ModelError::BadGguf { .. }), "{err}");
 
     let missing = dir.path().join("missing.gguf");
-    let err = Engine::load(&missing, &EngineConfig::default()).err().expect("must fail");
+    let err = Engine::load(&missing, &EngineConfig::default())
+        .err()
+        .expect("must fail");
     assert!(matches!(err, ModelError::Io { .. }), "{err}");
 }
 
@@ -264,18 +329,32 @@ async fn bad_requests_are_refused_and_the_engine_keeps_serving() {
     assert!(matches!(err, ModelError::ContextOverflow { .. }), "{err}");
     let mut bad = greedy("hi", 4);
     bad.sampling.top_p = 0.0;
-    assert!(matches!(engine.generate(bad).err(), Some(ModelError::InvalidRequest(_))));
+    assert!(matches!(
+        engine.generate(bad).err(),
+        Some(ModelError::InvalidRequest(_))
+    ));
     assert!(engine.generate(greedy("hi", 0)).is_err());
     // The output is cut at the context window, not an error.
-    let (_, done) = engine.generate(greedy("hi", 1000)).expect("queue").text().await.expect("run");
+    let (_, done) = engine
+        .generate(greedy("hi", 1000))
+        .expect("queue")
+        .text()
+        .await
+        .expect("run");
     assert!(done.prompt_tokens + done.completion_tokens <= 32);
 }
 
 #[tokio::test]
 async fn stop_strings_end_the_output() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = Engine::load(&tiny(dir.path(), GgmlDType::Q8_0), &EngineConfig::default()).expect("load");
-    let (full, _) = engine.generate(greedy("abc", 40)).expect("queue").text().await.expect("run");
+    let engine =
+        Engine::load(&tiny(dir.path(), GgmlDType::Q8_0), &EngineConfig::default()).expect("load");
+    let (full, _) = engine
+        .generate(greedy("abc", 40))
+        .expect("queue")
+        .text()
+        .await
+        .expect("run");
     // Stop at a piece of the greedy output itself: the output must end right before it.
     let chars: Vec<char> = full.chars().collect();
     if chars.len() < 8 {
@@ -284,7 +363,12 @@ async fn stop_strings_end_the_output() {
     let stop: String = chars[4..7].iter().collect();
     let mut req = greedy("abc", 40);
     req.stop = vec![stop.clone()];
-    let (cut, done) = engine.generate(req).expect("queue").text().await.expect("run");
+    let (cut, done) = engine
+        .generate(req)
+        .expect("queue")
+        .text()
+        .await
+        .expect("run");
     assert_eq!(done.finish_reason, FinishReason::Stop);
     let at = full.find(&stop).expect("stop occurs in the full text");
     assert_eq!(cut, full[..at]);
@@ -299,6 +383,8 @@ fn unsupported_architecture_is_named() {
     let mut f = std::fs::File::create(&path).expect("create");
     gguf_file::write(&mut f, &md_refs, &[]).expect("write");
     let file = GgufFile::open(&path).expect("open");
-    let err = arch::load(&file, &Device::Cpu, 16).err().expect("must fail");
+    let err = arch::load(&file, &Device::Cpu, 16)
+        .err()
+        .expect("must fail");
     assert!(err.to_string().contains("mamba"), "{err}");
 }

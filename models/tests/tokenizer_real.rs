@@ -1,8 +1,8 @@
 //! Tokenizer, chat-template and streaming-decoder tests on real GGUF files.
 //!
-//! The models come from `STARLING_TEST_LLM` (SmolLM2-135M-Instruct, byte-level BPE, default
-//! `/tmp/m/smollm2.gguf`) and `STARLING_TEST_LLM2` (Gemma 3 270M, SentencePiece, default
-//! `/tmp/m/gemma3.gguf`). A test whose model is absent says so and returns.
+//! The models (SmolLM2-135M-Instruct, byte-level BPE; Gemma 3 270M, SentencePiece) come from
+//! `starling_models::testing`: `STARLING_TEST_LLM` / `STARLING_TEST_LLM2`, or the model cache,
+//! fetched on first use. A missing model fails the test.
 //!
 //! Reference token ids are NOT produced by this crate: they come from llama.cpp through
 //! llama-cpp-python 0.3.36 (built from source), `Llama(path, vocab_only=True).tokenize(text,
@@ -20,19 +20,12 @@ use serde::Deserialize;
 use starling_models::chat::{ChatMessage, ChatTemplate, TemplateSource};
 use starling_models::tokenizer::GgufTokenizer;
 
-fn model_path(var: &str, default: &str) -> Option<PathBuf> {
-    let path = std::env::var_os(var)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default));
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIPPING: model file {} not found (set {var} to a GGUF file)",
-            path.display()
-        );
-        None
-    }
+/// The real model files, found (and fetched on first use) by `starling_models::testing`.
+fn model_path(var: &str, _default: &str) -> Option<PathBuf> {
+    Some(match var {
+        "STARLING_TEST_LLM2" => starling_models::testing::second_chat_model(),
+        _ => starling_models::testing::chat_model(),
+    })
 }
 
 fn load(path: &PathBuf) -> Arc<GgufTokenizer> {

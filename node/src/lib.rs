@@ -1,6 +1,7 @@
 //! The Starling node: command line, configuration, and (in later modules) the HTTP API and
 //! the agent runtime. This is the only crate that wires models and networking together.
 
+pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod logging;

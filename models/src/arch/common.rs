@@ -114,7 +114,12 @@ pub(crate) struct KvCache {
 }
 
 impl KvCache {
-    pub(crate) fn new(n_kv_head: usize, head_dim: usize, max: usize, device: &Device) -> Result<Self> {
+    pub(crate) fn new(
+        n_kv_head: usize,
+        head_dim: usize,
+        max: usize,
+        device: &Device,
+    ) -> Result<Self> {
         let cap = max.min(256);
         Ok(Self {
             k: Tensor::zeros((1, n_kv_head, cap, head_dim), DType::F32, device)?,
@@ -183,13 +188,23 @@ impl KvCache {
             None => 0,
         };
         let n = self.len - start;
-        Ok((self.k.narrow(2, start, n)?, self.v.narrow(2, start, n)?, start))
+        Ok((
+            self.k.narrow(2, start, n)?,
+            self.v.narrow(2, start, n)?,
+            start,
+        ))
     }
 }
 
 /// Cosine and sine tables of shape `(max_seq, rot_dim / 2)` for rotary embeddings. With
 /// linear scaling (`factor > 1`), position `p` rotates like position `p / factor`.
-pub(crate) fn rope_tables(rot_dim: usize, base: f32, factor: f32, max_seq: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+pub(crate) fn rope_tables(
+    rot_dim: usize,
+    base: f32,
+    factor: f32,
+    max_seq: usize,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
     let half = rot_dim / 2;
     let mut cos = Vec::with_capacity(max_seq * half);
     let mut sin = Vec::with_capacity(max_seq * half);
@@ -238,7 +253,13 @@ pub(crate) fn attention_mask(
 /// `q` is `(1, n_head, seq, d)`, `k`/`v` are `(1, n_kv_head, keys, d)` views of the cache.
 /// The query heads that share a KV head are folded into the row dimension, so one batched
 /// matmul per KV head covers all of them. Returns `(1, seq, n_head * d)`.
-pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f64) -> Result<Tensor> {
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    scale: f64,
+) -> Result<Tensor> {
     let (_, n_head, seq, d) = q.dims4()?;
     let n_kv = k.dims()[1];
     let n_rep = n_head / n_kv;
@@ -250,11 +271,17 @@ pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor
     };
     let att = candle_nn::ops::softmax_last_dim(&att)?;
     let y = att.matmul(v)?; // (1, n_kv, n_rep*seq, d)
-    let y = y.reshape((1, n_head, seq, d))?.transpose(1, 2)?.reshape((1, seq, n_head * d))?;
+    let y = y
+        .reshape((1, n_head, seq, d))?
+        .transpose(1, 2)?
+        .reshape((1, seq, n_head * d))?;
     Ok(y)
 }
 
 /// Logits of the last position as a host vector.
 pub(crate) fn last_logits(logits: &Tensor) -> Result<Vec<f32>> {
-    Ok(logits.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+    Ok(logits
+        .flatten_all()?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?)
 }

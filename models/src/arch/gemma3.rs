@@ -6,7 +6,9 @@
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
-use super::common::{attention, attention_mask, last_logits, linear, norm_weight, rope_tables, KvCache, Projection};
+use super::common::{
+    attention, attention_mask, last_logits, linear, norm_weight, rope_tables, KvCache, Projection,
+};
 use super::{md_f32_or, md_u32, Transformer};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
@@ -62,7 +64,11 @@ impl Gemma3 {
         let eps = md_f32_or(ct, "gemma3.attention.layer_norm_rms_epsilon", 1e-6)?;
         let global_base = md_f32_or(ct, "gemma3.rope.freq_base", 1_000_000.0)?;
         let scaling = md_f32_or(ct, "gemma3.rope.scaling.factor", 1.0)?;
-        if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 || head_dim % 2 != 0 {
+        if n_head == 0
+            || n_kv_head == 0
+            || !n_head.is_multiple_of(n_kv_head)
+            || !head_dim.is_multiple_of(2)
+        {
             return Err(ModelError::Metadata {
                 key: "gemma3.attention.head_count".into(),
                 reason: format!("{n_head} heads / {n_kv_head} kv heads / head width {head_dim} are inconsistent"),
@@ -132,29 +138,54 @@ impl Transformer for Gemma3 {
             });
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(ModelError::InvalidRequest(format!("token id {bad} is outside the vocabulary")));
+            return Err(ModelError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
         }
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = (self.embeddings.embedding(&ids)?.unsqueeze(0)? * (self.hidden as f64).sqrt())?;
-        let local = (self.local_rope.0.narrow(0, pos, seq)?, self.local_rope.1.narrow(0, pos, seq)?);
-        let global = (self.global_rope.0.narrow(0, pos, seq)?, self.global_rope.1.narrow(0, pos, seq)?);
+        let local = (
+            self.local_rope.0.narrow(0, pos, seq)?,
+            self.local_rope.1.narrow(0, pos, seq)?,
+        );
+        let global = (
+            self.global_rope.0.narrow(0, pos, seq)?,
+            self.global_rope.1.narrow(0, pos, seq)?,
+        );
         let n_rep = self.n_head / self.n_kv_head;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let (h, kvh, d) = (self.n_head, self.n_kv_head, self.head_dim);
         for layer in &mut self.layers {
             let xn = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.eps)?;
             let qkv = layer.qkv.forward(&xn)?;
-            let q = qkv[0].reshape((1, seq, h, d))?.transpose(1, 2)?.contiguous()?;
-            let k = qkv[1].reshape((1, seq, kvh, d))?.transpose(1, 2)?.contiguous()?;
+            let q = qkv[0]
+                .reshape((1, seq, h, d))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let k = qkv[1]
+                .reshape((1, seq, kvh, d))?
+                .transpose(1, 2)?
+                .contiguous()?;
             let v = qkv[2].reshape((1, seq, kvh, d))?.transpose(1, 2)?;
             let q = candle_nn::ops::rms_norm(&q, &layer.q_norm, self.eps)?;
             let k = candle_nn::ops::rms_norm(&k, &layer.k_norm, self.eps)?;
-            let (cos, sin) = if layer.window.is_some() { &local } else { &global };
+            let (cos, sin) = if layer.window.is_some() {
+                &local
+            } else {
+                &global
+            };
             let q = candle_nn::rotary_emb::rope(&q, cos, sin)?;
             let k = candle_nn::rotary_emb::rope(&k, cos, sin)?;
             let (k, v, key_start) = layer.cache.append(&k, &v, layer.window)?;
             let mask = if seq > 1 {
-                Some(attention_mask(seq, pos, key_start, n_rep, layer.window, &self.device)?)
+                Some(attention_mask(
+                    seq,
+                    pos,
+                    key_start,
+                    n_rep,
+                    layer.window,
+                    &self.device,
+                )?)
             } else {
                 None
             };

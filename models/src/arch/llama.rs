@@ -6,7 +6,9 @@
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 
-use super::common::{attention, attention_mask, last_logits, linear, norm_weight, rope_tables, KvCache, Projection};
+use super::common::{
+    attention, attention_mask, last_logits, linear, norm_weight, rope_tables, KvCache, Projection,
+};
 use super::{md_f32_or, md_u32, Transformer};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
@@ -49,18 +51,28 @@ impl Llama {
         let ctx = md_u32(ct, "llama.context_length").unwrap_or(4096) as usize;
         let eps = md_f32_or(ct, "llama.attention.layer_norm_rms_epsilon", 1e-5)?;
         let base = md_f32_or(ct, "llama.rope.freq_base", 10_000.0)?;
-        if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 || hidden % n_head != 0 {
+        if n_head == 0
+            || n_kv_head == 0
+            || !n_head.is_multiple_of(n_kv_head)
+            || !hidden.is_multiple_of(n_head)
+        {
             return Err(ModelError::Metadata {
                 key: "llama.attention.head_count".into(),
-                reason: format!("{n_head} heads / {n_kv_head} kv heads / width {hidden} are inconsistent"),
+                reason: format!(
+                    "{n_head} heads / {n_kv_head} kv heads / width {hidden} are inconsistent"
+                ),
             });
         }
         let head_dim = hidden / n_head;
-        let rot_dim = md_u32(ct, "llama.rope.dimension_count").map(|d| d as usize).unwrap_or(head_dim);
+        let rot_dim = md_u32(ct, "llama.rope.dimension_count")
+            .map(|d| d as usize)
+            .unwrap_or(head_dim);
         if rot_dim != head_dim {
             return Err(ModelError::Metadata {
                 key: "llama.rope.dimension_count".into(),
-                reason: format!("partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"),
+                reason: format!(
+                    "partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"
+                ),
             });
         }
         let max_seq = max_seq_len.min(ctx).max(1);
@@ -118,7 +130,9 @@ impl Transformer for Llama {
             });
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(ModelError::InvalidRequest(format!("token id {bad} is outside the vocabulary")));
+            return Err(ModelError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
         }
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embeddings.embedding(&ids)?.unsqueeze(0)?; // (1, seq, hidden)
@@ -131,14 +145,27 @@ impl Transformer for Llama {
             let residual = &x;
             let xn = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.eps)?;
             let qkv = layer.qkv.forward(&xn)?;
-            let q = qkv[0].reshape((1, seq, h, d))?.transpose(1, 2)?.contiguous()?;
-            let k = qkv[1].reshape((1, seq, kvh, d))?.transpose(1, 2)?.contiguous()?;
+            let q = qkv[0]
+                .reshape((1, seq, h, d))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let k = qkv[1]
+                .reshape((1, seq, kvh, d))?
+                .transpose(1, 2)?
+                .contiguous()?;
             let v = qkv[2].reshape((1, seq, kvh, d))?.transpose(1, 2)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
             let (k, v, key_start) = layer.cache.append(&k, &v, None)?;
             let mask = if seq > 1 {
-                Some(attention_mask(seq, pos, key_start, n_rep, None, &self.device)?)
+                Some(attention_mask(
+                    seq,
+                    pos,
+                    key_start,
+                    n_rep,
+                    None,
+                    &self.device,
+                )?)
             } else {
                 None
             };

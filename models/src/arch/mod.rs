@@ -7,8 +7,8 @@ use candle_core::Device;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
-pub mod cpu;
 mod common;
+pub mod cpu;
 pub mod gemma3;
 pub mod llama;
 

@@ -77,12 +77,13 @@ impl BertEmbedder {
         }
 
         let tokenizer_path = dir.join(TOKENIZER_FILE);
-        let mut tokenizer = Tokenizer::from_bytes(read_required(&tokenizer_path)?).map_err(|e| {
-            EmbedError::Corrupt {
-                path: tokenizer_path.clone(),
-                reason: e.to_string(),
-            }
-        })?;
+        let mut tokenizer =
+            Tokenizer::from_bytes(read_required(&tokenizer_path)?).map_err(|e| {
+                EmbedError::Corrupt {
+                    path: tokenizer_path.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
         // tokenizer.json often carries a fixed padding and a shorter truncation
         // from export time: padding is done per batch here, truncation follows
         // the sentence-transformers maximum.
@@ -223,8 +224,13 @@ impl Embedder for BertEmbedder {
         // is small; results go back to the caller's order.
         let mut order: Vec<usize> = (0..encodings.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].get_ids().len()));
+        let lens: Vec<usize> = order
+            .iter()
+            .map(|&i| encodings[i].get_ids().len())
+            .collect();
         let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
-        for chunk in order.chunks(self.batch_size) {
+        for range in split_batches(&lens, self.batch_size) {
+            let chunk = &order[range];
             let batch: Vec<&Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
             for (&i, vector) in chunk.iter().zip(self.embed_batch(&batch)?) {
                 vectors[i] = vector;
@@ -250,6 +256,31 @@ impl Embedder for BertEmbedder {
     fn model_id(&self) -> &str {
         &self.model_id
     }
+}
+
+/// Splits texts sorted by descending token count `lens` into consecutive
+/// batches of at most `batch_size`, also starting a new batch where a text
+/// would be padded to more than twice its length: compute grows with the
+/// padded length, so one long text must not make a batch of short ones pay
+/// for its length. Small absolute differences are tolerated, since every
+/// forward pass has a fixed cost too.
+fn split_batches(lens: &[usize], batch_size: usize) -> Vec<std::ops::Range<usize>> {
+    const TOLERATED_PADDING: usize = 16;
+    let mut batches = Vec::new();
+    let mut start = 0;
+    for (pos, &len) in lens.iter().enumerate() {
+        let first = lens[start];
+        let full = pos - start >= batch_size;
+        let wasteful = first > 2 * len && first - len > TOLERATED_PADDING;
+        if pos > start && (full || wasteful) {
+            batches.push(start..pos);
+            start = pos;
+        }
+    }
+    if start < lens.len() {
+        batches.push(start..lens.len());
+    }
+    batches
 }
 
 /// Mean of the `dim`-wide rows in `rows`, scaled to unit length.
@@ -334,7 +365,10 @@ fn check_pipeline(dir: &Path) -> Result<(), EmbedError> {
 fn validate_config(config: &Config, path: &Path) -> Result<(), EmbedError> {
     let reason = if config.hidden_size == 0 || config.num_attention_heads == 0 {
         Some("hidden_size and num_attention_heads must be positive".to_owned())
-    } else if config.hidden_size % config.num_attention_heads != 0 {
+    } else if !config
+        .hidden_size
+        .is_multiple_of(config.num_attention_heads)
+    {
         Some(format!(
             "hidden_size {} is not a multiple of num_attention_heads {}",
             config.hidden_size, config.num_attention_heads
@@ -387,6 +421,17 @@ mod tests {
         // mean (2, 2) -> unit (0.7071, 0.7071)
         assert!((v[0] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6);
         assert!((v[1] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn batches_respect_size_and_split_on_padding_waste() {
+        assert_eq!(split_batches(&[], 32), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(split_batches(&[5, 5, 5, 5, 5], 2), vec![0..2, 2..4, 4..5]);
+        // 256 vs 20 tokens: the long text goes alone.
+        assert_eq!(split_batches(&[256, 20, 18, 12], 32), vec![0..1, 1..4]);
+        // Short texts stay together even if one is twice another.
+        assert_eq!(split_batches(&[14, 6, 3, 2], 32), vec![0..4]);
+        assert_eq!(split_batches(&[80, 60, 39, 30], 32), vec![0..2, 2..4]);
     }
 
     #[test]

@@ -85,8 +85,8 @@ fn serve<E: Embedder>(embedder: &E, queue: &mpsc::Receiver<Job>) {
             continue;
         }
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let result = catch_unwind(AssertUnwindSafe(|| embedder.embed(&refs)))
-            .unwrap_or_else(|panic| {
+        let result =
+            catch_unwind(AssertUnwindSafe(|| embedder.embed(&refs))).unwrap_or_else(|panic| {
                 let message = panic
                     .downcast_ref::<&str>()
                     .map(|s| (*s).to_owned())

@@ -64,7 +64,9 @@ pub enum EmbedError {
         source: std::io::Error,
     },
     /// A file is present but its contents are not what the model needs.
-    #[error("embedding model file {path} is invalid ({reason}); re-download or re-extract the model")]
+    #[error(
+        "embedding model file {path} is invalid ({reason}); re-download or re-extract the model"
+    )]
     Corrupt {
         /// The file.
         path: PathBuf,

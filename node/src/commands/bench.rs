@@ -4,7 +4,6 @@ use std::path::Path;
 
 use clap::Args;
 use starling_models::bench::{self, BenchConfig};
-use starling_models::engine::DeviceKind;
 
 use crate::cli::ModelArgs;
 
@@ -14,10 +13,20 @@ pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt lengths to test (comma-separated).
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
     prompt: Vec<usize>,
     /// Generation lengths to test (comma-separated).
-    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
     gen: Vec<usize>,
     /// Measured repetitions of each test (after one warm-up).
     #[arg(short = 'r', long, default_value_t = 5)]
@@ -36,7 +45,9 @@ pub fn run(home: &Path, args: BenchArgs) -> anyhow::Result<()> {
         gen_tokens: args.gen,
         repetitions: args.repetitions.max(1),
     };
-    let results = bench::run(&path, &config, DeviceKind::Cpu, |line| eprintln!("{line}"))?;
+    let results = bench::run(&path, &config, args.model.device, |line| {
+        eprintln!("{line}")
+    })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
         return Ok(());
@@ -45,7 +56,10 @@ pub fn run(home: &Path, args: BenchArgs) -> anyhow::Result<()> {
         "| {:<40} | {:>10} | {:>8} | {:>7} | {:>8} | {:>20} |",
         "model", "size", "type", "threads", "test", "t/s"
     );
-    println!("|{:-<42}|{:->12}|{:->10}|{:->9}|{:->10}|{:->22}|", "", "", "", "", "", "");
+    println!(
+        "|{:-<42}|{:->12}|{:->10}|{:->9}|{:->10}|{:->22}|",
+        "", "", "", "", "", ""
+    );
     for r in &results {
         println!(
             "| {:<40} | {:>7.2} MiB | {:>8} | {:>7} | {:>8} | {:>11.2} ± {:>6.2} |",

@@ -1,11 +1,12 @@
 //! `starling generate`: one-shot local generation, streamed to stdout.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 use starling_models::chat::ChatMessage;
+use starling_models::constraint::Constraint;
 use starling_models::engine::{Chunk, GenerateRequest, Prompt};
 use starling_models::sampling::SamplingOptions;
 
@@ -16,6 +17,7 @@ use crate::cli::ModelArgs;
 pub struct GenerateArgs {
     /// The prompt (the user's message). Use `-` to read it from standard input.
     pub prompt: String,
+    /// Which model to load.
     #[command(flatten)]
     pub model: ModelArgs,
     /// A system message put before the prompt.
@@ -51,6 +53,16 @@ pub struct GenerateArgs {
     /// Stop before this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    /// Constrain the output to this JSON Schema (a file); the output always parses and
+    /// validates unless --max-tokens cuts it short.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["regex", "grammar"])]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the output to match this regular expression.
+    #[arg(long, value_name = "RE", conflicts_with = "grammar")]
+    pub regex: Option<String>,
+    /// Constrain the output to this Lark grammar (a file).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
     /// Print a JSON object with the text and statistics instead of streaming.
     #[arg(long)]
     pub json: bool,
@@ -87,6 +99,7 @@ pub fn run(home: &Path, args: GenerateArgs) -> anyhow::Result<()> {
             seed: args.seed,
         },
         stop: args.stop.clone(),
+        constraint: constraint(&args)?,
     };
     let mut gen = engine.generate(req)?;
     let mut stdout = std::io::stdout().lock();
@@ -131,4 +144,23 @@ pub fn run(home: &Path, args: GenerateArgs) -> anyhow::Result<()> {
         }
     }
     anyhow::bail!("the inference engine stopped before finishing")
+}
+
+/// The constraint the flags ask for, read and parsed with errors naming the file.
+fn constraint(args: &GenerateArgs) -> anyhow::Result<Option<Constraint>> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+    };
+    if let Some(p) = &args.json_schema {
+        let schema = serde_json::from_str(&read(p)?)
+            .with_context(|| format!("{} is not valid JSON", p.display()))?;
+        return Ok(Some(Constraint::JsonSchema(schema)));
+    }
+    if let Some(re) = &args.regex {
+        return Ok(Some(Constraint::Regex(re.clone())));
+    }
+    if let Some(p) = &args.grammar {
+        return Ok(Some(Constraint::Lark(read(p)?)));
+    }
+    Ok(None)
 }

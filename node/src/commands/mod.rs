@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod generate;
 pub mod models;
+pub mod serve;
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +51,7 @@ pub fn load_engine(home: &Path, args: &ModelArgs) -> anyhow::Result<Engine> {
     let path = resolve_chat_model(home, args)?;
     let config = EngineConfig {
         max_seq_len: args.ctx,
+        device: args.device,
         ..EngineConfig::default()
     };
     Engine::load(&path, &config).with_context(|| format!("cannot load {}", path.display()))

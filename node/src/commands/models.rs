@@ -32,7 +32,10 @@ pub struct ListArgs {
 pub fn pull(home: &Path, args: PullArgs) -> anyhow::Result<()> {
     let cache = ModelCache::new(home);
     let specs: Vec<String> = if args.all {
-        registry::known_models().iter().map(|m| m.name.to_string()).collect()
+        registry::known_models()
+            .iter()
+            .map(|m| m.name.to_string())
+            .collect()
     } else if args.models.is_empty() {
         vec![
             registry::default_chat_model().name.to_string(),
@@ -41,7 +44,11 @@ pub fn pull(home: &Path, args: PullArgs) -> anyhow::Result<()> {
     } else {
         args.models.clone()
     };
-    let progress = if args.json { Progress::quiet() } else { Progress::new() };
+    let progress = if args.json {
+        Progress::quiet()
+    } else {
+        Progress::new()
+    };
     let mut out = Vec::new();
     for spec in &specs {
         let source = registry::parse_spec(spec)?;
@@ -94,7 +101,9 @@ pub fn list(home: &Path, args: ListArgs) -> anyhow::Result<()> {
             .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "registry": known, "cache": cached_json }))?
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "registry": known, "cache": cached_json })
+            )?
         );
         return Ok(());
     }

@@ -53,7 +53,13 @@ pub(crate) struct Attention {
 impl Attention {
     /// Allocates the cache for `n_layer` layers and `max_seq` positions, and rotary tables
     /// for frequency base `base`.
-    pub(crate) fn new(dims: Dims, n_layer: usize, max_seq: usize, base: f32, threads: usize) -> Self {
+    pub(crate) fn new(
+        dims: Dims,
+        n_layer: usize,
+        max_seq: usize,
+        base: f32,
+        threads: usize,
+    ) -> Self {
         let cap = max_seq.next_multiple_of(KB);
         let size = dims.n_kv * cap * dims.head_dim;
         let layers = (0..n_layer)
@@ -88,14 +94,21 @@ impl Attention {
     /// Rotates the queries and keys of `seq` rows of `qkv` (positions `pos..`), scales the
     /// queries by `1/sqrt(head_dim)`, and writes keys and values into layer `layer`'s cache.
     pub(crate) fn store(&mut self, layer: usize, qkv: &mut [f32], seq: usize, pos: usize) {
-        let Dims { n_head, n_kv, head_dim: d } = self.dims;
+        let Dims {
+            n_head,
+            n_kv,
+            head_dim: d,
+        } = self.dims;
         let width = self.dims.qkv_width();
         let half = d / 2;
         let scale = 1.0 / (d as f32).sqrt();
         let cache = &mut self.layers[layer];
         for c in 0..seq {
             let p = pos + c;
-            let (cos, sin) = (&self.cos[p * half..(p + 1) * half], &self.sin[p * half..(p + 1) * half]);
+            let (cos, sin) = (
+                &self.cos[p * half..(p + 1) * half],
+                &self.sin[p * half..(p + 1) * half],
+            );
             let row = &mut qkv[c * width..(c + 1) * width];
             let (q, kv) = row.split_at_mut(n_head * d);
             let (k, v) = kv.split_at_mut(n_kv * d);
@@ -120,12 +133,23 @@ impl Attention {
 
     /// Causal attention of `seq` queries (rows of `qkv`, already stored with [`Self::store`]
     /// at positions `pos..`) over the cached keys, written to `out` (`seq × n_head·head_dim`).
-    pub(crate) fn attend(&mut self, pool: &Pool, layer: usize, qkv: &[f32], seq: usize, pos: usize, out: &mut [f32]) {
+    pub(crate) fn attend(
+        &mut self,
+        pool: &Pool,
+        layer: usize,
+        qkv: &[f32],
+        seq: usize,
+        pos: usize,
+        out: &mut [f32],
+    ) {
         let dims = self.dims;
         let (d, width, cap) = (dims.head_dim, dims.qkv_width(), self.cap);
         let hidden = dims.n_head * d;
         let n_rep = dims.n_head / dims.n_kv;
-        assert!(pool.threads() <= self.threads, "score buffers were sized for fewer threads");
+        assert!(
+            pool.threads() <= self.threads,
+            "score buffers were sized for fewer threads"
+        );
         let cache = &self.layers[layer];
         let out = Disjoint::new(out);
         let scores = Disjoint::new(&mut self.scores);
@@ -172,24 +196,44 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// `acc += x · row`, 16 lanes (one AVX-512 register, two AVX ones).
+#[inline(always)]
+fn axpy16(acc: &mut [f32; KB], x: f32, row: &[f32; KB]) {
+    for j in 0..KB {
+        acc[j] += x * row[j];
+    }
+}
+
+/// Views a slice of exactly `N` values as an array.
+#[inline(always)]
+fn arr<const N: usize>(s: &[f32]) -> &[f32; N] {
+    s.try_into()
+        .unwrap_or_else(|_| unreachable!("slices are cut to {N} values"))
+}
+
 /// One query head against `keys` cached positions, for a head size known at compile time.
-fn head<const D: usize>(q: &[f32], kc: &[f32], vc: &[f32], keys: usize, scratch: &mut [f32], out: &mut [f32]) {
-    let q: &[f32; D] = q.try_into().unwrap_or_else(|_| unreachable!("query head has D values"));
+fn head<const D: usize>(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    keys: usize,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
+    let q: &[f32; D] = arr(q);
     let blocks = keys.div_ceil(KB);
     for (blk, sc) in scratch[..blocks * KB].chunks_exact_mut(KB).enumerate() {
         let kb = &kc[blk * D * KB..(blk + 1) * D * KB];
         // Four independent accumulators hide the multiply-add latency.
-        let mut acc = [[0f32; KB]; 4];
-        for (i4, rows) in kb.chunks_exact(4 * KB).enumerate() {
-            for (u, row) in rows.chunks_exact(KB).enumerate() {
-                let qi = q[i4 * 4 + u];
-                for j in 0..KB {
-                    acc[u][j] += qi * row[j];
-                }
-            }
+        let (mut a0, mut a1, mut a2, mut a3) = ([0f32; KB], [0f32; KB], [0f32; KB], [0f32; KB]);
+        for (i, rows) in kb.chunks_exact(4 * KB).enumerate() {
+            axpy16(&mut a0, q[4 * i], arr(&rows[..KB]));
+            axpy16(&mut a1, q[4 * i + 1], arr(&rows[KB..2 * KB]));
+            axpy16(&mut a2, q[4 * i + 2], arr(&rows[2 * KB..3 * KB]));
+            axpy16(&mut a3, q[4 * i + 3], arr(&rows[3 * KB..]));
         }
         for j in 0..KB {
-            sc[j] = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);
+            sc[j] = (a0[j] + a1[j]) + (a2[j] + a3[j]);
         }
     }
     let sc = &mut scratch[..keys];
@@ -197,18 +241,18 @@ fn head<const D: usize>(q: &[f32], kc: &[f32], vc: &[f32], keys: usize, scratch:
     let mut a0 = [0f32; D];
     let mut a1 = [0f32; D];
     let mut pairs = sc.chunks_exact(2);
-    let mut j = 0;
-    for p in &mut pairs {
-        let v0 = &vc[j * D..(j + 1) * D];
-        let v1 = &vc[(j + 1) * D..(j + 2) * D];
+    let mut rows = vc[..keys * D].chunks_exact(2 * D);
+    for (p, v) in (&mut pairs).zip(&mut rows) {
+        let (v0, v1): (&[f32; D], &[f32; D]) = (arr(&v[..D]), arr(&v[D..]));
         for i in 0..D {
             a0[i] += p[0] * v0[i];
+        }
+        for i in 0..D {
             a1[i] += p[1] * v1[i];
         }
-        j += 2;
     }
     if let [p] = pairs.remainder() {
-        let v0 = &vc[j * D..(j + 1) * D];
+        let v0: &[f32; D] = arr(&vc[(keys - 1) * D..keys * D]);
         for i in 0..D {
             a0[i] += p * v0[i];
         }
@@ -220,7 +264,15 @@ fn head<const D: usize>(q: &[f32], kc: &[f32], vc: &[f32], keys: usize, scratch:
 }
 
 /// [`head`] for any head size.
-fn head_any(d: usize, q: &[f32], kc: &[f32], vc: &[f32], keys: usize, scratch: &mut [f32], out: &mut [f32]) {
+fn head_any(
+    d: usize,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    keys: usize,
+    scratch: &mut [f32],
+    out: &mut [f32],
+) {
     let blocks = keys.div_ceil(KB);
     for (blk, sc) in scratch[..blocks * KB].chunks_exact_mut(KB).enumerate() {
         let kb = &kc[blk * d * KB..(blk + 1) * d * KB];
@@ -254,7 +306,10 @@ mod tests {
     /// Plain causal attention over explicit key/value rows.
     fn reference(q: &[f32], ks: &[Vec<f32>], vs: &[Vec<f32>]) -> Vec<f32> {
         let scale = 1.0 / (q.len() as f32).sqrt();
-        let s: Vec<f32> = ks.iter().map(|k| k.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+        let s: Vec<f32> = ks
+            .iter()
+            .map(|k| k.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
         let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         let e: Vec<f32> = s.iter().map(|v| (v - max).exp()).collect();
         let sum: f32 = e.iter().sum();
@@ -281,7 +336,9 @@ mod tests {
             let width = dims.qkv_width();
             // Prefill 37 tokens, then decode 3 more one by one.
             let total = 40;
-            let raw: Vec<f32> = (0..total * width).map(|_| rng.gen_range(-1f32..1.0)).collect();
+            let raw: Vec<f32> = (0..total * width)
+                .map(|_| rng.gen_range(-1f32..1.0))
+                .collect();
             let mut rotated = raw.clone();
             let mut outs = vec![0f32; total * 4 * head_dim];
             let hidden = 4 * head_dim;
@@ -289,7 +346,14 @@ mod tests {
                 let seq = to - from;
                 let qkv = &mut rotated[from * width..to * width];
                 att.store(0, qkv, seq, from);
-                att.attend(&pool, 0, qkv, seq, from, &mut outs[from * hidden..to * hidden]);
+                att.attend(
+                    &pool,
+                    0,
+                    qkv,
+                    seq,
+                    from,
+                    &mut outs[from * hidden..to * hidden],
+                );
             };
             run(0, 37);
             for p in 37..total {
@@ -300,24 +364,43 @@ mod tests {
             let rot = |v: &[f32], p: usize| {
                 let mut v = v.to_vec();
                 for h in v.chunks_exact_mut(head_dim) {
-                    rope(h, &att.cos[p * half..(p + 1) * half], &att.sin[p * half..(p + 1) * half]);
+                    rope(
+                        h,
+                        &att.cos[p * half..(p + 1) * half],
+                        &att.sin[p * half..(p + 1) * half],
+                    );
                 }
                 v
             };
             for c in 0..total {
                 for h in 0..4 {
                     let g = h / 2;
-                    let q = rot(&raw[c * width + h * head_dim..c * width + (h + 1) * head_dim], c);
+                    let q = rot(
+                        &raw[c * width + h * head_dim..c * width + (h + 1) * head_dim],
+                        c,
+                    );
                     let ks: Vec<Vec<f32>> = (0..=c)
-                        .map(|j| rot(&raw[j * width + (4 + g) * head_dim..j * width + (5 + g) * head_dim], j))
+                        .map(|j| {
+                            rot(
+                                &raw[j * width + (4 + g) * head_dim
+                                    ..j * width + (5 + g) * head_dim],
+                                j,
+                            )
+                        })
                         .collect();
                     let vs: Vec<Vec<f32>> = (0..=c)
-                        .map(|j| raw[j * width + (6 + g) * head_dim..j * width + (7 + g) * head_dim].to_vec())
+                        .map(|j| {
+                            raw[j * width + (6 + g) * head_dim..j * width + (7 + g) * head_dim]
+                                .to_vec()
+                        })
                         .collect();
                     let want = reference(&q, &ks, &vs);
                     let got = &outs[c * hidden + h * head_dim..c * hidden + (h + 1) * head_dim];
                     for (a, b) in got.iter().zip(&want) {
-                        assert!((a - b).abs() < 1e-5, "d={head_dim} token {c} head {h}: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() < 1e-5,
+                            "d={head_dim} token {c} head {h}: {a} vs {b}"
+                        );
                     }
                 }
             }

@@ -130,14 +130,31 @@ pub(crate) struct ActRows<'a> {
 /// activation rows.
 ///
 /// Panics when the slices are shorter than the tile needs or `nbp` is odd.
-pub(crate) fn tile<const R: usize, const C: usize>(isa: Isa, w: &WeightRows<'_>, a: &ActRows<'_>, out: &mut [[f32; R]; C]) {
+pub(crate) fn tile<const R: usize, const C: usize>(
+    isa: Isa,
+    w: &WeightRows<'_>,
+    a: &ActRows<'_>,
+    out: &mut [[f32; R]; C],
+) {
     let nbp = w.nbp;
     let kp = nbp * BLOCK;
-    assert!(nbp % 2 == 0 && a.nbp == nbp, "blocks per row must be even and match");
-    assert!(w.q.len() >= R * w.fmt.row_bytes(kp) && w.d.len() >= R * nbp, "weight tile too short");
-    assert!(w.fmt != Format::Q4_1 || w.m.len() >= R * nbp, "weight biases missing");
     assert!(
-        a.q.len() >= C * kp && a.d.len() >= C * nbp && a.s.len() >= C * nbp && a.dx.len() >= C * nbp * 8,
+        nbp % 2 == 0 && a.nbp == nbp,
+        "blocks per row must be even and match"
+    );
+    assert!(
+        w.q.len() >= R * w.fmt.row_bytes(kp) && w.d.len() >= R * nbp,
+        "weight tile too short"
+    );
+    assert!(
+        w.fmt != Format::Q4_1 || w.m.len() >= R * nbp,
+        "weight biases missing"
+    );
+    assert!(
+        a.q.len() >= C * kp
+            && a.d.len() >= C * nbp
+            && a.s.len() >= C * nbp
+            && a.dx.len() >= C * nbp * 8,
         "activation tile too short"
     );
     match isa {
@@ -189,7 +206,11 @@ pub(crate) fn unpack(fmt: Format, row: &[u8], b: usize, j: usize) -> u8 {
 }
 
 /// Portable implementation of [`tile`].
-fn tile_scalar<const R: usize, const C: usize>(w: &WeightRows<'_>, a: &ActRows<'_>, out: &mut [[f32; R]; C]) {
+fn tile_scalar<const R: usize, const C: usize>(
+    w: &WeightRows<'_>,
+    a: &ActRows<'_>,
+    out: &mut [[f32; R]; C],
+) {
     let nbp = w.nbp;
     let kp = nbp * BLOCK;
     let rb = w.fmt.row_bytes(kp);
@@ -282,7 +303,11 @@ mod x86 {
         let nbp = w.nbp;
         let kp = nbp * BLOCK;
         let rb = row_bytes(F, kp);
-        let (wq, wd, wm) = (w.q.as_ptr(), w.d.as_ptr() as *const i16, w.m.as_ptr() as *const i16);
+        let (wq, wd, wm) = (
+            w.q.as_ptr(),
+            w.d.as_ptr() as *const i16,
+            w.m.as_ptr() as *const i16,
+        );
         let (aq, as_, adx) = (a.q.as_ptr(), a.s.as_ptr(), a.dx.as_ptr());
         let neg_off = _mm512_set1_ps(-offset(F));
         let mut acc = [[_mm512_setzero_ps(); R]; C];
@@ -295,7 +320,8 @@ mod x86 {
             for r in 0..R {
                 // SAFETY: masked loads of blocks chunk..chunk+nb of row r (< nbp).
                 unsafe {
-                    dw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wd.add(r * nbp + chunk)));
+                    dw[r] =
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wd.add(r * nbp + chunk)));
                     mw[r] = if F == Q41 {
                         _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wm.add(r * nbp + chunk)))
                     } else {
@@ -469,7 +495,9 @@ mod tests {
                     };
                     match fmt {
                         Format::Q8_0 => t.q[r * rb + b * BLOCK + j] = u,
-                        _ => t.q[r * rb + (b / 2) * BLOCK + j] |= if b % 2 == 0 { u } else { u << 4 },
+                        _ => {
+                            t.q[r * rb + (b / 2) * BLOCK + j] |= if b % 2 == 0 { u } else { u << 4 }
+                        }
                     }
                     let bias = match fmt {
                         Format::Q4_1 => m.to_f32(),
@@ -548,7 +576,10 @@ mod tests {
             let mut out = [[0f32; R]; C];
             tile(isa, &wr, &ar, &mut out);
             for (o, s) in out.iter().flatten().zip(scalar.iter().flatten()) {
-                assert!((o - s).abs() <= 1e-4 * s.abs().max(1.0), "{isa:?} {fmt:?}: {o} vs scalar {s}");
+                assert!(
+                    (o - s).abs() <= 1e-4 * s.abs().max(1.0),
+                    "{isa:?} {fmt:?}: {o} vs scalar {s}"
+                );
             }
             for c in 0..C {
                 for r in 0..R {

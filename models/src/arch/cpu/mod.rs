@@ -18,8 +18,8 @@ use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 
 use self::attention::{Attention, Dims};
-use self::kernels::BLOCK;
 pub use self::kernels::Isa;
+use self::kernels::BLOCK;
 use self::pool::Pool;
 use self::quant::{Epilogue, QActs, QMatrix};
 use super::{md_f32_or, md_u32, Transformer};
@@ -33,7 +33,15 @@ pub const BACKEND_ENV: &str = "STARLING_BACKEND";
 /// Weight types the kernels run directly.
 const KERNEL_TYPES: [GgmlDType; 3] = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1];
 
-const LAYER_WEIGHTS: [&str; 7] = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"];
+const LAYER_WEIGHTS: [&str; 7] = [
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
 
 /// Whether [`super::load`] should use this implementation for `file` on `device`: a llama
 /// model on the CPU whose weight matrices all have a kernel here, unless the environment
@@ -55,7 +63,10 @@ pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), Str
         names.extend(LAYER_WEIGHTS.iter().map(|w| format!("blk.{i}.{w}.weight")));
     }
     for name in &names {
-        let info = ct.tensor_infos.get(name).ok_or_else(|| format!("tensor {name} is missing"))?;
+        let info = ct
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| format!("tensor {name} is missing"))?;
         if !KERNEL_TYPES.contains(&info.ggml_dtype) {
             return Err(format!("tensor {name} is {:?}", info.ggml_dtype));
         }
@@ -80,6 +91,7 @@ struct Scratch {
     qkv: Vec<f32>,
     att: Vec<f32>,
     ffn: Vec<f32>,
+    ffn_up: Vec<f32>,
     acts: QActs,
     acts_ffn: QActs,
     logits: Vec<f32>,
@@ -117,7 +129,10 @@ fn load_matrix(file: &GgufFile, name: &str, rows: usize, k: usize) -> Result<QMa
     let t = file.tensor(name, &Device::Cpu)?;
     let (n, tk) = t.shape().dims2().map_err(|e| tensor_err(name, e))?;
     if (n, tk) != (rows, k) {
-        return Err(tensor_err(name, format!("shape {n}×{tk}, expected {rows}×{k}")));
+        return Err(tensor_err(
+            name,
+            format!("shape {n}×{tk}, expected {rows}×{k}"),
+        ));
     }
     let data = t.data()?;
     QMatrix::from_ggml(t.dtype(), rows, k, &data).map_err(|e| tensor_err(name, e))
@@ -127,7 +142,10 @@ fn load_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     let t = file.tensor(name, &Device::Cpu)?.dequantize(&Device::Cpu)?;
     let v = t.flatten_all()?.to_vec1::<f32>()?;
     if v.len() != len {
-        return Err(tensor_err(name, format!("{} values, expected {len}", v.len())));
+        return Err(tensor_err(
+            name,
+            format!("{} values, expected {len}", v.len()),
+        ));
     }
     Ok(v)
 }
@@ -146,18 +164,29 @@ impl CpuLlama {
         let ctx = md_u32(ct, "llama.context_length").unwrap_or(4096) as usize;
         let eps = md_f32_or(ct, "llama.attention.layer_norm_rms_epsilon", 1e-5)?;
         let base = md_f32_or(ct, "llama.rope.freq_base", 10_000.0)?;
-        if n_head == 0 || n_kv == 0 || n_head % n_kv != 0 || hidden % n_head != 0 || (hidden / n_head) % 2 != 0 {
+        if n_head == 0
+            || n_kv == 0
+            || n_head % n_kv != 0
+            || hidden % n_head != 0
+            || (hidden / n_head) % 2 != 0
+        {
             return Err(ModelError::Metadata {
                 key: "llama.attention.head_count".into(),
-                reason: format!("{n_head} heads / {n_kv} kv heads / width {hidden} are inconsistent"),
+                reason: format!(
+                    "{n_head} heads / {n_kv} kv heads / width {hidden} are inconsistent"
+                ),
             });
         }
         let head_dim = hidden / n_head;
-        let rot_dim = md_u32(ct, "llama.rope.dimension_count").map(|d| d as usize).unwrap_or(head_dim);
+        let rot_dim = md_u32(ct, "llama.rope.dimension_count")
+            .map(|d| d as usize)
+            .unwrap_or(head_dim);
         if rot_dim != head_dim {
             return Err(ModelError::Metadata {
                 key: "llama.rope.dimension_count".into(),
-                reason: format!("partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"),
+                reason: format!(
+                    "partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"
+                ),
             });
         }
         if hidden % BLOCK != 0 || ffn % BLOCK != 0 {
@@ -167,7 +196,11 @@ impl CpuLlama {
             });
         }
         let max_seq = max_seq_len.min(ctx).max(1);
-        let dims = Dims { n_head, n_kv, head_dim };
+        let dims = Dims {
+            n_head,
+            n_kv,
+            head_dim,
+        };
 
         let embd_info = ct
             .tensor_infos
@@ -176,7 +209,10 @@ impl CpuLlama {
         let vocab = embd_info.shape.dims().first().copied().unwrap_or(0);
         let embd = load_matrix(file, "token_embd.weight", vocab, hidden)?;
         let (embeddings, output) = if file.has_tensor("output.weight") {
-            (Some(embd), load_matrix(file, "output.weight", vocab, hidden)?)
+            (
+                Some(embd),
+                load_matrix(file, "output.weight", vocab, hidden)?,
+            )
         } else {
             (None, embd)
         };
@@ -209,11 +245,19 @@ impl CpuLlama {
             threads
         }
         .max(1);
-        let pool = Pool::new(threads).map_err(|e| ModelError::InvalidRequest(format!("cannot start inference threads: {e}")))?;
+        let pool = Pool::new(threads).map_err(|e| {
+            ModelError::InvalidRequest(format!("cannot start inference threads: {e}"))
+        })?;
         let isa = Isa::detect();
         let weight_bytes: usize = layers
             .iter()
-            .map(|l| l.qkv.iter().map(QMatrix::bytes).sum::<usize>() + [&l.wo, &l.gate, &l.up, &l.down].iter().map(|m| m.bytes()).sum::<usize>())
+            .map(|l| {
+                l.qkv.iter().map(QMatrix::bytes).sum::<usize>()
+                    + [&l.wo, &l.gate, &l.up, &l.down]
+                        .iter()
+                        .map(|m| m.bytes())
+                        .sum::<usize>()
+            })
             .sum::<usize>()
             + output.bytes()
             + embeddings.as_ref().map_or(0, QMatrix::bytes);
@@ -244,6 +288,7 @@ impl CpuLlama {
                 qkv: Vec::new(),
                 att: Vec::new(),
                 ffn: Vec::new(),
+                ffn_up: Vec::new(),
                 acts: QActs::new(hidden),
                 acts_ffn: QActs::new(ffn),
                 logits: vec![0.0; vocab],
@@ -273,6 +318,7 @@ impl CpuLlama {
         s.qkv.resize(seq * self.dims.qkv_width(), 0.0);
         s.att.resize(seq * self.hidden, 0.0);
         s.ffn.resize(seq * self.ffn, 0.0);
+        s.ffn_up.resize(seq * self.ffn, 0.0);
         s.acts.reserve(seq);
         s.acts_ffn.reserve(seq);
     }
@@ -292,7 +338,9 @@ impl Transformer for CpuLlama {
             });
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(ModelError::InvalidRequest(format!("token id {bad} is outside the vocabulary")));
+            return Err(ModelError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
         }
         self.reserve(seq);
         let (hidden, eps, isa) = (self.hidden, self.eps, self.isa);
@@ -308,23 +356,69 @@ impl Transformer for CpuLlama {
             let mut col = 0;
             for part in &layer.qkv {
                 let rows = part.rows();
-                quant::matmul(pool, isa, part, &s.acts, seq, &mut s.qkv[col..], qkv_width, Epilogue::Store);
+                quant::matmul(
+                    pool,
+                    isa,
+                    part,
+                    &s.acts,
+                    seq,
+                    &mut s.qkv[col..],
+                    qkv_width,
+                    Epilogue::Store,
+                );
                 col += rows;
             }
             self.attention.store(li, &mut s.qkv, seq, pos);
-            self.attention.attend(pool, li, &s.qkv, seq, pos, &mut s.att);
+            self.attention
+                .attend(pool, li, &s.qkv, seq, pos, &mut s.att);
             quant::quantize(pool, &s.att, seq, None, &mut s.acts);
-            quant::matmul(pool, isa, &layer.wo, &s.acts, seq, &mut s.x, hidden, Epilogue::Add);
+            quant::matmul(
+                pool,
+                isa,
+                &layer.wo,
+                &s.acts,
+                seq,
+                &mut s.x,
+                hidden,
+                Epilogue::Add,
+            );
             quant::quantize(pool, &s.x, seq, Some((&layer.ffn_norm, eps)), &mut s.acts);
-            quant::swiglu(pool, isa, &layer.gate, &layer.up, &s.acts, seq, &mut s.ffn);
+            quant::swiglu(
+                pool,
+                isa,
+                &layer.gate,
+                &layer.up,
+                &s.acts,
+                seq,
+                &mut s.ffn,
+                &mut s.ffn_up,
+            );
             quant::quantize(pool, &s.ffn, seq, None, &mut s.acts_ffn);
-            quant::matmul(pool, isa, &layer.down, &s.acts_ffn, seq, &mut s.x, hidden, Epilogue::Add);
+            quant::matmul(
+                pool,
+                isa,
+                &layer.down,
+                &s.acts_ffn,
+                seq,
+                &mut s.x,
+                hidden,
+                Epilogue::Add,
+            );
         }
         self.len = pos + seq;
         // Only the last position's logits are needed.
         let last = &s.x[(seq - 1) * hidden..seq * hidden];
         quant::quantize(pool, last, 1, Some((&self.output_norm, eps)), &mut s.acts);
-        quant::matmul(pool, isa, &self.output, &s.acts, 1, &mut s.logits, self.vocab, Epilogue::Store);
+        quant::matmul(
+            pool,
+            isa,
+            &self.output,
+            &s.acts,
+            1,
+            &mut s.logits,
+            self.vocab,
+            Epilogue::Store,
+        );
         Ok(s.logits.clone())
     }
 

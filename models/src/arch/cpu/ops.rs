@@ -13,7 +13,10 @@ pub(crate) fn exp(x: f32) -> f32 {
     let n = (x * LOG2E + ROUND) - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     // Taylor series of e^r on |r| <= ln2/2.
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
     let bits = ((n as i32 + 127) as u32) << 23;
     p * f32::from_bits(bits)
 }
@@ -58,7 +61,10 @@ mod tests {
         let mut x = -87.0f32;
         while x < 88.0 {
             let (got, want) = (exp(x), x.exp());
-            assert!(((got - want) / want).abs() < 1e-6, "exp({x}) = {got}, want {want}");
+            assert!(
+                ((got - want) / want).abs() < 1e-6,
+                "exp({x}) = {got}, want {want}"
+            );
             x += 0.01;
         }
         assert!(exp(-1000.0) < 1e-37 && exp(-1000.0) >= 0.0);

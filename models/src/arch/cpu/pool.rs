@@ -107,7 +107,10 @@ impl Pool {
         // and this function neither returns nor unwinds before the job is closed and no
         // worker is inside it, so it never outlives `job`.
         let ptr: JobPtr = unsafe {
-            std::mem::transmute::<&(dyn Fn(usize, usize) + Sync), &'static (dyn Fn(usize, usize) + Sync)>(job)
+            std::mem::transmute::<
+                &(dyn Fn(usize, usize) + Sync),
+                &'static (dyn Fn(usize, usize) + Sync),
+            >(job)
         };
         // SAFETY: `open` is false and `active` is zero here (the previous `run` ended that
         // way), so no worker reads the cell while it is written.

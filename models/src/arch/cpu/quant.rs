@@ -18,7 +18,9 @@ const ROW_ALIGN: usize = 16;
 /// Rows per chunk of a parallel matmul over `rows` rows: about eight chunks per thread, so
 /// that a thread that loses its core holds up little, and whole 16-row groups.
 fn rows_per_chunk(rows: usize, threads: usize) -> usize {
-    rows.div_ceil(8 * threads).next_multiple_of(ROW_ALIGN).max(ROW_ALIGN)
+    rows.div_ceil(8 * threads)
+        .next_multiple_of(ROW_ALIGN)
+        .max(ROW_ALIGN)
 }
 
 /// A quantised weight matrix of `rows × k` in the kernels' packed layout.
@@ -34,7 +36,12 @@ pub(crate) struct QMatrix {
 
 impl QMatrix {
     /// Repacks a GGUF tensor of `rows` rows of `k` values stored as `dtype` blocks.
-    pub(crate) fn from_ggml(dtype: GgmlDType, rows: usize, k: usize, data: &[u8]) -> Result<Self, String> {
+    pub(crate) fn from_ggml(
+        dtype: GgmlDType,
+        rows: usize,
+        k: usize,
+        data: &[u8],
+    ) -> Result<Self, String> {
         let (fmt, block_bytes) = match dtype {
             GgmlDType::Q8_0 => (Format::Q8_0, 34),
             GgmlDType::Q4_0 => (Format::Q4_0, 18),
@@ -46,7 +53,10 @@ impl QMatrix {
         }
         let nb = k / BLOCK;
         if data.len() != rows * nb * block_bytes {
-            return Err(format!("{} bytes of data for {rows}×{k} {dtype:?} values", data.len()));
+            return Err(format!(
+                "{} bytes of data for {rows}×{k} {dtype:?} values",
+                data.len()
+            ));
         }
         let nbp = nb.next_multiple_of(2);
         let rb = fmt.row_bytes(nbp * BLOCK);
@@ -93,7 +103,9 @@ impl QMatrix {
                     Format::Q8_0 => row[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(&u),
                     Format::Q4_0 | Format::Q4_1 => {
                         let shift = if b % 2 == 0 { 0 } else { 4 };
-                        for (dst, &v) in row[(b / 2) * BLOCK..(b / 2 + 1) * BLOCK].iter_mut().zip(&u) {
+                        for (dst, &v) in
+                            row[(b / 2) * BLOCK..(b / 2 + 1) * BLOCK].iter_mut().zip(&u)
+                        {
                             *dst |= v << shift;
                         }
                     }
@@ -155,6 +167,37 @@ impl QMatrix {
         }
     }
 
+    /// Asks the CPU to start loading rows `r0..r0 + n` (clamped to the matrix) into cache.
+    /// Decoding streams every weight once per token, and the hardware prefetcher alone
+    /// leaves the loads waiting on memory.
+    fn prefetch(&self, r0: usize, n: usize) {
+        let end = (r0 + n).min(self.rows);
+        if r0 >= end {
+            return;
+        }
+        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
+        let lines = |bytes: &[u8]| {
+            for line in bytes.chunks(64) {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a prefetch is only a hint; it never faults, and the pointer is in
+                // bounds anyway.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        line.as_ptr() as *const i8,
+                    )
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = line;
+            }
+        };
+        lines(&self.q[r0 * rb..end * rb]);
+        let scales = |v: &[f16]| lines(bytemuck_f16(v));
+        scales(&self.d[r0 * self.nbp..end * self.nbp]);
+        if !self.m.is_empty() {
+            scales(&self.m[r0 * self.nbp..end * self.nbp]);
+        }
+    }
+
     /// Writes row `r` as f32 values into `out` (`k` values).
     pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let rb = self.fmt.row_bytes(self.nbp * BLOCK);
@@ -170,6 +213,12 @@ impl QMatrix {
             }
         }
     }
+}
+
+/// The bytes of a slice of f16 values.
+fn bytemuck_f16(v: &[f16]) -> &[u8] {
+    // SAFETY: f16 is a plain 2-byte value with no padding; any byte of it may be read.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 /// Activations quantised to signed 8-bit blocks: `tokens × k` values, padded like the
@@ -221,7 +270,15 @@ impl QActs {
 
 /// Quantises one row (`x` of `k` values, times `gain` and the optional per-value `weight`)
 /// into its block slices.
-fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, q: &mut [i8], d: &mut [f32], s: &mut [f32], dx: &mut [f32]) {
+fn quantize_row(
+    x: &[f32],
+    gain: f32,
+    weight: Option<&[f32]>,
+    q: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    dx: &mut [f32],
+) {
     let nb = x.len() / BLOCK;
     for b in 0..d.len() {
         if b >= nb {
@@ -246,7 +303,8 @@ fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, q: &mut [i8], d: &
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         let mut sum = 0i32;
         for (o, &x) in q[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(&v) {
-            let r = (x * inv).round() as i8;
+            // Ties to even, like ggml's SIMD quantisers; it vectorises, unlike `round`.
+            let r = (x * inv).round_ties_even() as i8;
             sum += r as i32;
             *o = r;
         }
@@ -264,7 +322,13 @@ fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, q: &mut [i8], d: &
 /// Quantises `seq` rows of `x` (`seq × k`) into `acts`; with `norm = Some((weight, eps))`
 /// the rows are RMS-normalised and scaled by `weight` first. Large batches are split over
 /// the pool.
-pub(crate) fn quantize(pool: &Pool, x: &[f32], seq: usize, norm: Option<(&[f32], f32)>, acts: &mut QActs) {
+pub(crate) fn quantize(
+    pool: &Pool,
+    x: &[f32],
+    seq: usize,
+    norm: Option<(&[f32], f32)>,
+    acts: &mut QActs,
+) {
     let k = acts.k;
     acts.reserve(seq);
     let nbp = acts.nbp;
@@ -315,7 +379,14 @@ pub(crate) fn quantize(pool: &Pool, x: &[f32], seq: usize, norm: Option<(&[f32],
 
 /// Calls `emit(token, first_row, values)` for every tile of rows `rows` of `w` against the
 /// first `seq` rows of `acts`.
-fn for_tiles(isa: Isa, w: &QMatrix, rows: Range<usize>, acts: &QActs, seq: usize, emit: &mut dyn FnMut(usize, usize, &[f32])) {
+fn for_tiles(
+    isa: Isa,
+    w: &QMatrix,
+    rows: Range<usize>,
+    acts: &QActs,
+    seq: usize,
+    emit: &mut dyn FnMut(usize, usize, &[f32]),
+) {
     let mut r = rows.start;
     while r < rows.end {
         if r + 4 <= rows.end {
@@ -328,7 +399,20 @@ fn for_tiles(isa: Isa, w: &QMatrix, rows: Range<usize>, acts: &QActs, seq: usize
     }
 }
 
-fn tiles_of_rows<const R: usize>(isa: Isa, w: &QMatrix, r0: usize, acts: &QActs, seq: usize, emit: &mut dyn FnMut(usize, usize, &[f32])) {
+/// How far ahead of the current rows a decode step prefetches weights.
+const PREFETCH_ROWS: usize = 16;
+
+fn tiles_of_rows<const R: usize>(
+    isa: Isa,
+    w: &QMatrix,
+    r0: usize,
+    acts: &QActs,
+    seq: usize,
+    emit: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    if seq < 4 {
+        w.prefetch(r0 + PREFETCH_ROWS, R);
+    }
     let wr = w.view(r0, R);
     let mut c = 0;
     while c + 4 <= seq {
@@ -358,7 +442,16 @@ pub(crate) enum Epilogue {
 
 /// `out[c][..rows] (=|+=) W · acts[c]` for the first `seq` activation rows, with `out` rows
 /// `stride` apart; the weight rows are split over the pool.
-pub(crate) fn matmul(pool: &Pool, isa: Isa, w: &QMatrix, acts: &QActs, seq: usize, out: &mut [f32], stride: usize, epilogue: Epilogue) {
+pub(crate) fn matmul(
+    pool: &Pool,
+    isa: Isa,
+    w: &QMatrix,
+    acts: &QActs,
+    seq: usize,
+    out: &mut [f32],
+    stride: usize,
+    epilogue: Epilogue,
+) {
     assert!(acts.k == w.k && stride >= w.rows && out.len() >= (seq.max(1) - 1) * stride + w.rows);
     let chunk = rows_per_chunk(w.rows, pool.threads());
     let out = Disjoint::new(out);
@@ -376,26 +469,51 @@ pub(crate) fn matmul(pool: &Pool, isa: Isa, w: &QMatrix, acts: &QActs, seq: usiz
     });
 }
 
-/// The gated feed-forward input: `out[c][i] = silu(gate·a)[i] · (up·a)[i]`.
-pub(crate) fn swiglu(pool: &Pool, isa: Isa, gate: &QMatrix, up: &QMatrix, acts: &QActs, seq: usize, out: &mut [f32]) {
+/// The gated feed-forward input: `out[c][i] = silu(gate·a)[i] · (up·a)[i]`; `up_buf` (same
+/// size as `out`) holds the up projection.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn swiglu(
+    pool: &Pool,
+    isa: Isa,
+    gate: &QMatrix,
+    up: &QMatrix,
+    acts: &QActs,
+    seq: usize,
+    out: &mut [f32],
+    up_buf: &mut [f32],
+) {
     let n = gate.rows;
-    assert!(up.rows == n && gate.k == acts.k && up.k == acts.k && out.len() >= seq * n);
+    assert!(
+        up.rows == n
+            && gate.k == acts.k
+            && up.k == acts.k
+            && out.len() >= seq * n
+            && up_buf.len() >= seq * n
+    );
     let chunk = rows_per_chunk(n, pool.threads());
     let out = Disjoint::new(out);
+    let up_out = Disjoint::new(up_buf);
     pool.run(n.div_ceil(chunk), &|_, i| {
         let rows = i * chunk..((i + 1) * chunk).min(n);
-        // First the gate projection of this thread's rows, then the up projection
-        // multiplied in, so no temporary buffer is needed.
-        for_tiles(isa, gate, rows.clone(), acts, seq, &mut |c, r0, vals| {
-            // SAFETY: chunk i (one thread) writes only the columns of its own rows.
-            let dst = unsafe { out.part(c * n + r0, vals.len()) };
-            dst.iter_mut().zip(vals).for_each(|(o, &g)| *o = ops::silu(g));
-        });
-        for_tiles(isa, up, rows, acts, seq, &mut |c, r0, vals| {
-            // SAFETY: as above.
-            let dst = unsafe { out.part(c * n + r0, vals.len()) };
-            dst.iter_mut().zip(vals).for_each(|(o, &u)| *o *= u);
-        });
+        for (w, dst) in [(gate, &out), (up, &up_out)] {
+            for_tiles(isa, w, rows.clone(), acts, seq, &mut |c, r0, vals| {
+                // SAFETY: chunk i (one thread) writes only the columns of its own rows.
+                unsafe { dst.part(c * n + r0, vals.len()) }.copy_from_slice(vals);
+            });
+        }
+        // Then the gating over whole rows, which vectorises.
+        for c in 0..seq {
+            // SAFETY: as above; the two parts are in different buffers.
+            let (g, u) = unsafe {
+                (
+                    out.part(c * n + rows.start, rows.len()),
+                    up_out.part(c * n + rows.start, rows.len()),
+                )
+            };
+            for (g, &u) in g.iter_mut().zip(u.iter()) {
+                *g = ops::silu(*g) * u;
+            }
+        }
     });
 }
 
@@ -428,8 +546,12 @@ mod tests {
     /// ggml's own reading of a block row.
     fn ggml_dequantize(dtype: GgmlDType, data: &[u8], k: usize, row: usize) -> Vec<f32> {
         let t = candle_core::quantized::QTensor::new(
-            candle_core::quantized::QStorage::from_data(std::borrow::Cow::Borrowed(data), &candle_core::Device::Cpu, dtype)
-                .expect("storage"),
+            candle_core::quantized::QStorage::from_data(
+                std::borrow::Cow::Borrowed(data),
+                &candle_core::Device::Cpu,
+                dtype,
+            )
+            .expect("storage"),
             (data.len() / (dtype.type_size() * k / BLOCK), k),
         )
         .expect("tensor");
@@ -447,7 +569,11 @@ mod tests {
                 for r in 0..3 {
                     let mut got = vec![0f32; k];
                     m.dequantize_row(r, &mut got);
-                    assert_eq!(got, ggml_dequantize(dtype, &data, k, r), "{dtype:?} k={k} row {r}");
+                    assert_eq!(
+                        got,
+                        ggml_dequantize(dtype, &data, k, r),
+                        "{dtype:?} k={k} row {r}"
+                    );
                 }
             }
         }
@@ -459,13 +585,23 @@ mod tests {
         let pool = Pool::new(2).expect("pool");
         for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
             for (rows, k, seq) in [(70, 96, 1), (64, 576, 9), (33, 64, 5)] {
-                let w = QMatrix::from_ggml(dtype, rows, k, &ggml_blocks(dtype, rows, k, &mut rng)).expect("repack");
+                let w = QMatrix::from_ggml(dtype, rows, k, &ggml_blocks(dtype, rows, k, &mut rng))
+                    .expect("repack");
                 let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
                 let mut acts = QActs::new(k);
                 quantize(&pool, &x, seq, None, &mut acts);
                 let stride = rows + 3;
                 let mut out = vec![1f32; seq * stride];
-                matmul(&pool, Isa::detect(), &w, &acts, seq, &mut out, stride, Epilogue::Add);
+                matmul(
+                    &pool,
+                    Isa::detect(),
+                    &w,
+                    &acts,
+                    seq,
+                    &mut out,
+                    stride,
+                    Epilogue::Add,
+                );
                 let mut wrow = vec![0f32; k];
                 for r in 0..rows {
                     w.dequantize_row(r, &mut wrow);
@@ -482,7 +618,12 @@ mod tests {
                     }
                 }
                 for c in 0..seq {
-                    assert!(out[c * stride + rows..(c + 1) * stride].iter().all(|&v| v == 1.0), "padding touched");
+                    assert!(
+                        out[c * stride + rows..(c + 1) * stride]
+                            .iter()
+                            .all(|&v| v == 1.0),
+                        "padding touched"
+                    );
                 }
             }
         }

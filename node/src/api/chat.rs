@@ -1,0 +1,791 @@
+//! `POST /v1/chat/completions`: OpenAI's chat completions, whole or streamed as server-sent
+//! events.
+
+use std::convert::Infallible;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::Stream;
+use rand::distributions::Alphanumeric;
+use rand::Rng;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use starling_models::chat::ChatMessage;
+use starling_models::constraint::{Constraint, ConstraintError};
+use starling_models::engine::{
+    Chunk, Completion, FinishReason, GenerateRequest, Generation, Prompt,
+};
+use starling_models::sampling::SamplingOptions;
+use starling_models::ModelError;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+
+use super::error::ApiError;
+use super::extract::ApiJson;
+use super::state::{AppState, Metrics};
+
+/// Most stop sequences in one request.
+const MAX_STOP: usize = 16;
+/// Most messages in one request.
+const MAX_MESSAGES: usize = 4096;
+
+/// The request body. Fields OpenAI defines that change nothing here (`user`, `metadata`,
+/// `store`, ...) are accepted and ignored; fields whose meaning this server cannot honour
+/// are refused with 400 rather than silently dropped.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ChatCompletionRequest {
+    model: Option<String>,
+    messages: Vec<MessageIn>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    /// Extension (llama.cpp's name): keep the k most likely tokens.
+    top_k: Option<u64>,
+    /// Extension: drop tokens less likely than `min_p` times the best one.
+    min_p: Option<f64>,
+    /// Extension: repetition penalty (1 = off).
+    repeat_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
+    seed: Option<i64>,
+    stop: Option<Value>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    n: Option<u64>,
+    response_format: Option<Value>,
+    logprobs: Option<bool>,
+    tools: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageIn {
+    role: String,
+    content: Option<Value>,
+    tool_calls: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// What `response_format` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum OutputFormat {
+    /// Free text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching this schema.
+    JsonSchema(Value),
+}
+
+/// A validated request, ready for an engine.
+#[derive(Debug)]
+pub(crate) struct ChatPlan {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingOptions,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub format: OutputFormat,
+}
+
+impl ChatCompletionRequest {
+    /// Checks every field and turns the request into a plan, or names the bad field.
+    pub fn plan(self) -> Result<ChatPlan, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+            }
+        }
+        if self.logprobs == Some(true) {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                "logprobs are not supported",
+            ));
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::invalid_param(
+                "tools",
+                "tool calling is not supported",
+            ));
+        }
+        let messages = convert_messages(self.messages)?;
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(n), _) => Some(("max_completion_tokens", n)),
+            (None, Some(n)) => Some(("max_tokens", n)),
+            (None, None) => None,
+        };
+        let max_tokens = match max_tokens {
+            Some((param, 0)) => {
+                return Err(ApiError::invalid_param(
+                    param,
+                    format!("{param} must be at least 1"),
+                ))
+            }
+            Some((_, n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            None => None,
+        };
+
+        let mut sampling = SamplingOptions::default();
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::invalid_param(
+                    "temperature",
+                    "temperature must be between 0 and 2",
+                ));
+            }
+            sampling.temperature = t as f32;
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(ApiError::invalid_param(
+                    "top_p",
+                    "top_p must be greater than 0 and at most 1",
+                ));
+            }
+            sampling.top_p = p as f32;
+        }
+        if let Some(k) = self.top_k {
+            sampling.top_k = usize::try_from(k).unwrap_or(usize::MAX);
+        }
+        if let Some(p) = self.min_p {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(ApiError::invalid_param(
+                    "min_p",
+                    "min_p must be between 0 and 1",
+                ));
+            }
+            sampling.min_p = p as f32;
+        }
+        if let Some(r) = self.repeat_penalty {
+            if !(r > 0.0 && r <= 10.0) {
+                return Err(ApiError::invalid_param(
+                    "repeat_penalty",
+                    "repeat_penalty must be greater than 0 and at most 10",
+                ));
+            }
+            sampling.repeat_penalty = r as f32;
+        }
+        for (param, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            // Accepted for compatibility; the engine applies its own repetition penalty.
+            if v.is_some_and(|v| !(-2.0..=2.0).contains(&v)) {
+                return Err(ApiError::invalid_param(
+                    param,
+                    format!("{param} must be between -2 and 2"),
+                ));
+            }
+        }
+        // OpenAI seeds are signed; any 64-bit pattern is as good a seed as another.
+        sampling.seed = self.seed.map(|s| s as u64);
+
+        let stop = convert_stop(self.stop)?;
+        let format = match &self.response_format {
+            None | Some(Value::Null) => OutputFormat::Text,
+            Some(v) => parse_response_format(v)?,
+        };
+        let stream = self.stream.unwrap_or(false);
+        let include_usage = stream
+            && self
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false);
+        Ok(ChatPlan {
+            model: self.model.filter(|m| !m.is_empty()),
+            messages,
+            max_tokens,
+            sampling,
+            stop,
+            stream,
+            include_usage,
+            format,
+        })
+    }
+}
+
+fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must hold at least one message",
+        ));
+    }
+    if messages.len() > MAX_MESSAGES {
+        return Err(ApiError::invalid_param(
+            "messages",
+            format!("at most {MAX_MESSAGES} messages are accepted"),
+        ));
+    }
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                "tool" | "function" => {
+                    return Err(ApiError::invalid_param(
+                        format!("messages[{i}].role"),
+                        format!("messages[{i}]: role `{}` is not supported (tool calling is not available)", m.role),
+                    ))
+                }
+                other => {
+                    return Err(ApiError::invalid_param(
+                        format!("messages[{i}].role"),
+                        format!("messages[{i}]: unknown role `{other}` (expected system, developer, user or assistant)"),
+                    ))
+                }
+            };
+            if m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].tool_calls"),
+                    "tool calls are not supported",
+                ));
+            }
+            let content = message_text(m.content, i)?;
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// A message's content: a string, or an array of `{"type": "text", "text": ...}` parts
+/// (joined by newlines). Null is an empty message.
+fn message_text(content: Option<Value>, i: usize) -> Result<String, ApiError> {
+    let param = || format!("messages[{i}].content");
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                match (
+                    part.get("type").and_then(Value::as_str),
+                    part.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(text)) => texts.push(text),
+                    (Some(kind), _) if kind != "text" => {
+                        return Err(ApiError::invalid_param(
+                            format!("messages[{i}].content[{j}].type"),
+                            format!("content parts of type `{kind}` are not supported (only text)"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            format!("messages[{i}].content[{j}]"),
+                            "a content part must be {\"type\": \"text\", \"text\": string}",
+                        ))
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        Some(_) => Err(ApiError::invalid_param(
+            param(),
+            "content must be a string or an array of text parts",
+        )),
+    }
+}
+
+fn convert_stop(stop: Option<Value>) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(ApiError::invalid_param(
+                    "stop",
+                    "stop must be a string or an array of strings",
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "stop",
+                "stop must be a string or an array of strings",
+            ))
+        }
+    };
+    if list.len() > MAX_STOP {
+        return Err(ApiError::invalid_param(
+            "stop",
+            format!("at most {MAX_STOP} stop sequences are accepted"),
+        ));
+    }
+    // An empty stop string would end every generation before it starts.
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+/// Reads `response_format`: `{"type": "text"}`, `{"type": "json_object"}` or
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+pub(crate) fn parse_response_format(v: &Value) -> Result<OutputFormat, ApiError> {
+    let bad = |m: &str| ApiError::invalid_param("response_format", m.to_owned());
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(OutputFormat::Text),
+        Some("json_object") => Ok(OutputFormat::JsonObject),
+        Some("json_schema") => {
+            let spec = v
+                .get("json_schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| {
+                    bad("response_format.json_schema must be an object holding `schema`")
+                })?;
+            match spec.get("schema") {
+                // OpenAI allows leaving the schema out: any JSON value then.
+                None | Some(Value::Null) => Ok(OutputFormat::JsonSchema(json!({}))),
+                Some(s @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(OutputFormat::JsonSchema(s.clone()))
+                }
+                Some(_) => Err(bad(
+                    "response_format.json_schema.schema must be a JSON Schema object",
+                )),
+            }
+        }
+        Some(other) => Err(bad(&format!(
+            "unknown response_format type `{other}` (expected text, json_object or json_schema)"
+        ))),
+        None => Err(bad("response_format must be an object with a `type`")),
+    }
+}
+
+/// The constraint that enforces `format` token by token. `json_object` is any JSON
+/// object; a `json_schema` is compiled by the engine (a bad schema is a 400).
+fn constraint_for(format: &OutputFormat) -> Option<Constraint> {
+    match format {
+        OutputFormat::Text => None,
+        OutputFormat::JsonObject => Some(Constraint::JsonSchema(json!({"type": "object"}))),
+        OutputFormat::JsonSchema(schema) => Some(Constraint::JsonSchema(schema.clone())),
+    }
+}
+
+/// The handler.
+pub(crate) async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let plan = body.plan()?;
+    let engine = state.chat_engine(plan.model.as_deref())?;
+    let context = engine.info().context_length;
+    let req = GenerateRequest {
+        prompt: Prompt::Chat(plan.messages),
+        max_tokens: plan
+            .max_tokens
+            .or(state.config().default_max_tokens)
+            .unwrap_or(context)
+            .max(1),
+        sampling: plan.sampling,
+        stop: plan.stop,
+        constraint: constraint_for(&plan.format),
+    };
+    let permit = state.admit()?;
+    let model_id = engine.info().id.clone();
+    // Rendering and tokenising a long prompt is CPU work: keep it off the async workers.
+    let generation = tokio::task::spawn_blocking(move || engine.generate(req))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))?
+        .map_err(|e| match e {
+            ModelError::Constraint(ConstraintError::Compile { .. }) => {
+                ApiError::invalid_param("response_format", e.to_string())
+            }
+            e => ApiError::from(e),
+        })?;
+    Metrics::add(&state.counters().chat_completions, 1);
+    let run = Run::new(&state, permit);
+    let meta = Meta {
+        id: completion_id(),
+        created: unix_now(),
+        model: model_id,
+    };
+    if plan.stream {
+        let events = stream_events(StreamState {
+            generation,
+            run,
+            meta,
+            include_usage: plan.include_usage,
+            shutdown: state.shutdown_token().clone(),
+            phase: Phase::Role,
+        });
+        Ok(Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response())
+    } else {
+        let (text, done) = collect(generation, run, &state).await?;
+        Ok(Json(json!({
+            "id": meta.id,
+            "object": "chat.completion",
+            "created": meta.created,
+            "model": meta.model,
+            "system_fingerprint": null,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": null,
+                "finish_reason": finish_reason(done.finish_reason),
+            }],
+            "usage": usage(&done),
+        }))
+        .into_response())
+    }
+}
+
+async fn collect(
+    mut generation: Generation,
+    mut run: Run,
+    state: &AppState,
+) -> Result<(String, Completion), ApiError> {
+    let shutdown = state.shutdown_token().clone();
+    let mut text = String::new();
+    loop {
+        let item = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Err(ApiError::shutting_down()),
+            item = generation.next() => item,
+        };
+        match item {
+            Some(Ok(Chunk::Text(t))) => text.push_str(&t),
+            Some(Ok(Chunk::Done(done))) => {
+                run.finish(&done);
+                return Ok((text, done));
+            }
+            Some(Err(e)) => {
+                run.fail();
+                return Err(e.into());
+            }
+            None => {
+                run.fail();
+                return Err(ApiError::from(ModelError::EngineStopped));
+            }
+        }
+    }
+}
+
+/// Accounting of one generation: holds its admission permit, counts it as active, and
+/// counts it as cancelled when dropped before its end (client gone, server stopping).
+struct Run {
+    state: AppState,
+    _permit: OwnedSemaphorePermit,
+    ended: bool,
+}
+
+impl Run {
+    fn new(state: &AppState, permit: OwnedSemaphorePermit) -> Self {
+        Metrics::add(&state.counters().active_generations, 1);
+        Self {
+            state: state.clone(),
+            _permit: permit,
+            ended: false,
+        }
+    }
+
+    fn finish(&mut self, done: &Completion) {
+        let m = self.state.counters();
+        Metrics::add(&m.prompt_tokens, done.prompt_tokens as u64);
+        Metrics::add(&m.completion_tokens, done.completion_tokens as u64);
+        Metrics::add(&m.cached_prompt_tokens, done.cached_prompt_tokens as u64);
+        self.ended = true;
+    }
+
+    fn fail(&mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let m = self.state.counters();
+        m.active_generations
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if !self.ended {
+            Metrics::add(&m.cancelled_generations, 1);
+            tracing::debug!("generation cancelled before its end");
+        }
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+enum Phase {
+    Role,
+    Body,
+    Usage(Value),
+    Done,
+    End,
+}
+
+struct StreamState {
+    generation: Generation,
+    run: Run,
+    meta: Meta,
+    include_usage: bool,
+    shutdown: CancellationToken,
+    phase: Phase,
+}
+
+impl StreamState {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Event {
+        let mut body = json!({
+            "id": self.meta.id,
+            "object": "chat.completion.chunk",
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "system_fingerprint": null,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            body["usage"] = Value::Null;
+        }
+        Event::default().data(body.to_string())
+    }
+}
+
+/// The SSE events of a streamed completion: a first chunk with the role, one chunk per
+/// piece of text, a last chunk with the finish reason, the usage chunk when asked for, then
+/// `[DONE]`. Dropping the stream (the client went away) drops the generation, which stops
+/// the engine's work on it.
+fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold(state, |mut st| async move {
+        let event = match std::mem::replace(&mut st.phase, Phase::End) {
+            Phase::Role => {
+                st.phase = Phase::Body;
+                st.chunk(json!({"role": "assistant", "content": ""}), None)
+            }
+            Phase::Body => {
+                let item = tokio::select! {
+                    biased;
+                    _ = st.shutdown.cancelled() => {
+                        st.run.fail();
+                        Metrics::add(&st.run.state.counters().cancelled_generations, 1);
+                        st.phase = Phase::Done;
+                        return Some((Ok(error_event(&ApiError::shutting_down())), st));
+                    }
+                    item = st.generation.next() => item,
+                };
+                match item {
+                    Some(Ok(Chunk::Text(text))) => {
+                        st.phase = Phase::Body;
+                        st.chunk(json!({"content": text}), None)
+                    }
+                    Some(Ok(Chunk::Done(done))) => {
+                        st.run.finish(&done);
+                        st.phase = if st.include_usage {
+                            Phase::Usage(usage(&done))
+                        } else {
+                            Phase::Done
+                        };
+                        st.chunk(json!({}), Some(finish_reason(done.finish_reason)))
+                    }
+                    Some(Err(e)) => {
+                        st.run.fail();
+                        st.phase = Phase::Done;
+                        error_event(&ApiError::from(e))
+                    }
+                    None => {
+                        st.run.fail();
+                        st.phase = Phase::Done;
+                        error_event(&ApiError::from(ModelError::EngineStopped))
+                    }
+                }
+            }
+            Phase::Usage(usage) => {
+                st.phase = Phase::Done;
+                let body = json!({
+                    "id": st.meta.id,
+                    "object": "chat.completion.chunk",
+                    "created": st.meta.created,
+                    "model": st.meta.model,
+                    "system_fingerprint": null,
+                    "choices": [],
+                    "usage": usage,
+                });
+                Event::default().data(body.to_string())
+            }
+            Phase::Done => {
+                st.phase = Phase::End;
+                Event::default().data("[DONE]")
+            }
+            Phase::End => return None,
+        };
+        Some((Ok(event), st))
+    })
+}
+
+/// An error in the middle of a stream, as OpenAI sends it: `data: {"error": {...}}`.
+fn error_event(e: &ApiError) -> Event {
+    Event::default().data(e.body().to_string())
+}
+
+fn usage(done: &Completion) -> Value {
+    json!({
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_prompt_tokens},
+    })
+}
+
+fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+fn completion_id() -> String {
+    let suffix: String = rand::thread_rng()
+        .sample_iter(&Alphanumeric)
+        .take(24)
+        .map(char::from)
+        .collect();
+    format!("chatcmpl-{suffix}")
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: Value) -> Result<ChatPlan, ApiError> {
+        let req: ChatCompletionRequest = serde_json::from_value(v).expect("shape");
+        req.plan()
+    }
+
+    fn param_of(r: Result<ChatPlan, ApiError>) -> Option<String> {
+        r.err()
+            .and_then(|e| e.body()["error"]["param"].as_str().map(str::to_owned))
+    }
+
+    #[test]
+    fn full_request_maps_to_engine_options() {
+        let plan = parse(json!({
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "Be terse."},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": null},
+            ],
+            "max_tokens": 5,
+            "max_completion_tokens": 7,
+            "temperature": 0,
+            "top_p": 0.5,
+            "seed": -1,
+            "stop": "END",
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "n": 1,
+            "user": "ignored",
+        }))
+        .expect("valid");
+        assert_eq!(plan.messages[0], ChatMessage::system("Be terse."));
+        assert_eq!(plan.messages[1], ChatMessage::user("a\nb"));
+        assert_eq!(plan.messages[2], ChatMessage::assistant(""));
+        assert_eq!(plan.max_tokens, Some(7));
+        assert_eq!(plan.sampling.temperature, 0.0);
+        assert_eq!(plan.sampling.top_p, 0.5);
+        assert_eq!(plan.sampling.seed, Some(u64::MAX));
+        assert_eq!(plan.stop, vec!["END".to_owned()]);
+        assert!(plan.stream && plan.include_usage);
+    }
+
+    #[test]
+    fn bad_fields_name_their_param() {
+        let msgs = json!([{"role": "user", "content": "hi"}]);
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "n": 2}))).as_deref(),
+            Some("n")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "temperature": 2.5}))).as_deref(),
+            Some("temperature")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "top_p": 0}))).as_deref(),
+            Some("top_p")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "max_tokens": 0}))).as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "stop": [1]}))).as_deref(),
+            Some("stop")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": []}))).as_deref(),
+            Some("messages")
+        );
+        assert_eq!(
+            param_of(parse(
+                json!({"messages": [{"role": "wizard", "content": "x"}]})
+            ))
+            .as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param_of(parse(
+                json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})
+            ))
+            .as_deref(),
+            Some("messages[0].content[0].type")
+        );
+        assert_eq!(
+            param_of(parse(
+                json!({"messages": msgs, "response_format": {"type": "yaml"}})
+            ))
+            .as_deref(),
+            Some("response_format")
+        );
+    }
+
+    #[test]
+    fn response_formats_parse() {
+        assert_eq!(
+            parse_response_format(&json!({"type": "text"})).expect("text"),
+            OutputFormat::Text
+        );
+        assert_eq!(
+            parse_response_format(&json!({"type": "json_object"})).expect("object"),
+            OutputFormat::JsonObject
+        );
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        assert_eq!(
+            parse_response_format(
+                &json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+            )
+            .expect("schema"),
+            OutputFormat::JsonSchema(schema)
+        );
+        assert!(parse_response_format(&json!({"type": "json_schema"})).is_err());
+    }
+
+    #[test]
+    fn stop_sequences_are_bounded_and_empty_ones_dropped() {
+        assert_eq!(
+            convert_stop(Some(json!(["a", ""]))).expect("ok"),
+            vec!["a".to_owned()]
+        );
+        let many: Vec<String> = (0..=MAX_STOP).map(|i| i.to_string()).collect();
+        assert!(convert_stop(Some(json!(many))).is_err());
+    }
+}

@@ -1,0 +1,277 @@
+//! Errors of the HTTP API, in OpenAI's error body shape.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use starling_models::embed::EmbedError;
+use starling_models::ModelError;
+
+/// An error answered to an API client as `{"error": {"message", "type", "param", "code"}}`
+/// with a matching HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<String>,
+    code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 400: the request is malformed or asks for something invalid.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 400 naming the offending request field (`messages[0].role`, `temperature`, ...).
+    pub fn invalid_param(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::invalid(message).with_param(param)
+    }
+
+    /// 404 for a route that does not exist.
+    pub fn route_not_found(method: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("unknown endpoint: {method} {path}"),
+        )
+        .with_code("unknown_url")
+    }
+
+    /// 405 for a known route called with the wrong method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            format!("method {method} is not allowed on {path}"),
+        )
+        .with_code("method_not_allowed")
+    }
+
+    /// 404 for a model this server does not serve.
+    pub fn model_not_found(model: &str, served: &[String]) -> Self {
+        let served = if served.is_empty() {
+            "none".to_owned()
+        } else {
+            served.join(", ")
+        };
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the model `{model}` does not exist on this server (serving: {served})"),
+        )
+        .with_param("model")
+        .with_code("model_not_found")
+    }
+
+    /// 503: no model of the needed kind is loaded.
+    pub fn model_not_loaded(what: &str) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!("no {what} model is loaded on this node"),
+        )
+        .with_code("model_not_loaded")
+    }
+
+    /// 413: the body is larger than the configured limit.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than this server's limit of {limit} bytes"),
+        )
+        .with_code("request_too_large")
+    }
+
+    /// 415: the body is not declared as JSON.
+    pub fn not_json() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            "the request body must be JSON, sent with `Content-Type: application/json`",
+        )
+        .with_code("unsupported_media_type")
+    }
+
+    /// 403: the `Host` header names something other than this machine's loopback.
+    pub fn forbidden_host(host: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            format!("requests for host `{host}` are refused: this API only answers to localhost"),
+        )
+        .with_code("forbidden_host")
+    }
+
+    /// 429: too many inference requests are running or queued.
+    pub fn busy(limit: usize) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!(
+                "the server is busy ({limit} inference requests running or queued); retry later"
+            ),
+        )
+        .with_code("server_busy")
+    }
+
+    /// 503: the server is shutting down.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is shutting down",
+        )
+        .with_code("shutting_down")
+    }
+
+    /// 500: something failed inside the server.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// Sets the `param` field.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    /// Sets the `code` field.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The JSON body, `{"error": {...}}`.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({ "error": ErrorObject::from(self) })
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.status)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// The inner object of an error body.
+#[derive(Serialize)]
+struct ErrorObject<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl<'a> From<&'a ApiError> for ErrorObject<'a> {
+    fn from(e: &'a ApiError) -> Self {
+        Self {
+            message: &e.message,
+            kind: e.kind,
+            param: e.param.as_deref(),
+            code: e.code,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, message = %self.message, "API request failed");
+        } else {
+            tracing::debug!(status = %self.status, message = %self.message, "API request rejected");
+        }
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<ModelError> for ApiError {
+    fn from(e: ModelError) -> Self {
+        match &e {
+            ModelError::InvalidRequest(_) | ModelError::Chat(_) | ModelError::Tokenizer(_) => {
+                Self::invalid(e.to_string())
+            }
+            ModelError::ContextOverflow { .. } => {
+                Self::invalid_param("messages", e.to_string()).with_code("context_length_exceeded")
+            }
+            ModelError::EngineStopped => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                e.to_string(),
+            )
+            .with_code("model_not_loaded"),
+            _ => Self::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<EmbedError> for ApiError {
+    fn from(e: EmbedError) -> Self {
+        match &e {
+            EmbedError::Tokenize(_) => Self::invalid_param("input", e.to_string()),
+            EmbedError::WorkerStopped => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                e.to_string(),
+            )
+            .with_code("model_not_loaded"),
+            _ => Self::internal(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let e = ApiError::invalid_param("temperature", "temperature must be in [0, 2]");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.body(),
+            serde_json::json!({"error": {
+                "message": "temperature must be in [0, 2]",
+                "type": "invalid_request_error",
+                "param": "temperature",
+                "code": null,
+            }})
+        );
+    }
+
+    #[test]
+    fn model_errors_map_to_client_or_server_statuses() {
+        let overflow = ApiError::from(ModelError::ContextOverflow { needed: 10, max: 5 });
+        assert_eq!(overflow.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(overflow.body()["error"]["code"], "context_length_exceeded");
+        let stopped = ApiError::from(ModelError::EngineStopped);
+        assert_eq!(stopped.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let bad = ApiError::from(ModelError::InvalidRequest("top_p must be in (0, 1]".into()));
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    }
+}

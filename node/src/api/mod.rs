@@ -1,0 +1,232 @@
+//! The node's HTTP API: OpenAI-compatible chat completions (whole or streamed as
+//! server-sent events), embeddings and model listing, served with axum.
+//!
+//! [`router`] builds the routes over an [`AppState`] (the served models, limits and
+//! counters) so a daemon can mount them next to its own; [`serve`] runs them on a socket
+//! until a [`CancellationToken`] fires.
+//!
+//! Routes:
+//! - `POST /v1/chat/completions`
+//! - `POST /v1/embeddings`
+//! - `GET /v1/models`, `GET /v1/models/{id}`
+//! - `GET /health`: liveness, served models and counters
+//!
+//! Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}` with a matching
+//! status. Inference runs on the models' own threads; a streamed generation stops when its
+//! client goes away. The API has no authentication: it binds to loopback by default and
+//! answers only requests addressed to a loopback host name (see
+//! [`ApiConfig::loopback_hosts_only`]).
+
+mod chat;
+mod embeddings;
+mod error;
+mod extract;
+mod models;
+mod state;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::trace::TraceLayer;
+
+pub use error::ApiError;
+pub use state::{ApiConfig, AppState, MetricsSnapshot};
+
+use state::Metrics;
+
+/// Where the API listens unless told otherwise: loopback only.
+pub const DEFAULT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7431);
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Accepting or serving connections failed.
+    #[error("HTTP server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The API's routes and middleware over `state`.
+pub fn router(state: AppState) -> Router {
+    let limit = state.config().max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::get))
+        .route("/health", get(models::health))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::internal("the server hit an internal error").into_response()
+            },
+        ))
+        .layer(cors())
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Binds `addr` and serves the API until `cancel` fires; see [`serve_on`].
+pub async fn serve(
+    addr: SocketAddr,
+    state: AppState,
+    cancel: CancellationToken,
+) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    serve_on(listener, state, cancel).await
+}
+
+/// Serves the API on `listener` until `cancel` fires. Then running streams end with an
+/// error event, new inference is refused, and the call returns once open connections have
+/// finished their current response.
+pub async fn serve_on(
+    listener: TcpListener,
+    state: AppState,
+    cancel: CancellationToken,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "the HTTP API has no authentication and listens beyond loopback");
+    }
+    tracing::info!(%addr, "HTTP API listening");
+    let on_stop = state.clone();
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            cancel.cancelled().await;
+            tracing::info!("HTTP API shutting down");
+            on_stop.begin_shutdown();
+        })
+        .await?;
+    Ok(())
+}
+
+/// Counts requests and answers, and refuses requests addressed to a non-loopback host when
+/// the config says so.
+async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let counters = state.counters();
+    Metrics::add(&counters.http_requests, 1);
+    let response = match host_refused(&state, &req) {
+        Some(err) => err.into_response(),
+        None => next.run(req).await,
+    };
+    let status = response.status();
+    if status.is_client_error() {
+        Metrics::add(&counters.client_errors, 1);
+    } else if status.is_server_error() {
+        Metrics::add(&counters.server_errors, 1);
+    }
+    response
+}
+
+fn host_refused(state: &AppState, req: &Request) -> Option<ApiError> {
+    if !state.config().loopback_hosts_only {
+        return None;
+    }
+    // HTTP/1.1 puts the host in the Host header, HTTP/2 in the URI's authority.
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()));
+    match host {
+        Some(h) if is_loopback_authority(&h) => None,
+        Some(h) => Some(ApiError::forbidden_host(&h)),
+        None => Some(ApiError::forbidden_host("")),
+    }
+}
+
+/// Whether `authority` (`host[:port]`) names loopback: `localhost`, `*.localhost`, an
+/// address in 127.0.0.0/8, or `[::1]`.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = if let Some(rest) = authority.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((h, _)) => h,
+            None => return false,
+        }
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// CORS for pages served from this machine only (a local web UI); other origins get no
+/// CORS headers, so browsers keep their pages from reading or posting JSON to the API.
+fn cors() -> CorsLayer {
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(|origin: &HeaderValue, _| {
+            origin
+                .to_str()
+                .ok()
+                .and_then(|o| {
+                    o.strip_prefix("http://")
+                        .or_else(|| o.strip_prefix("https://"))
+                })
+                .is_some_and(is_loopback_authority)
+        }))
+        .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
+}
+
+async fn unknown_route(req: Request) -> ApiError {
+    ApiError::route_not_found(req.method().as_str(), req.uri().path())
+}
+
+async fn wrong_method(req: Request) -> ApiError {
+    ApiError::method_not_allowed(req.method().as_str(), req.uri().path())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_authorities() {
+        for ok in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:1",
+            "127.1.2.3",
+            "[::1]:7431",
+            "[::1]",
+            "app.localhost:3000",
+        ] {
+            assert!(is_loopback_authority(ok), "{ok}");
+        }
+        for bad in [
+            "evil.com",
+            "evil.com:80",
+            "10.0.0.1:80",
+            "[::2]:1",
+            "[::1",
+            "localhost.evil.com",
+            "",
+        ] {
+            assert!(!is_loopback_authority(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! `starling serve`: the OpenAI-compatible HTTP API over the local models, without joining
+//! a swarm (like `ollama serve`).
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::Context;
+use clap::Args;
+use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::engine::ModelSlot;
+use starling_models::source::{registry, ModelCache, Progress};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, ApiConfig, AppState};
+use crate::cli::ModelArgs;
+
+/// Arguments of `starling serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Keep it on loopback: the API has no authentication.
+    #[arg(long, default_value_t = api::DEFAULT_ADDR)]
+    pub api: SocketAddr,
+    /// Which chat model to load.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Embedding model: a registry name, a directory, or a source.
+    #[arg(long, env = "STARLING_EMBED_MODEL", default_value = "all-minilm-l6-v2")]
+    pub embedding_model: String,
+    /// Serve no embedding model (`/v1/embeddings` answers 503).
+    #[arg(long)]
+    pub no_embeddings: bool,
+    /// Inference requests admitted at once, running or queued (more get 429).
+    #[arg(long, default_value_t = 32)]
+    pub max_inflight: usize,
+}
+
+/// Loads the models and serves the API until Ctrl-C or SIGTERM.
+pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
+    let config = ApiConfig {
+        max_inflight: args.max_inflight.max(1),
+        loopback_hosts_only: args.api.ip().is_loopback(),
+        ..ApiConfig::default()
+    };
+    let embedding = (!args.no_embeddings).then_some(args.embedding_model.as_str());
+    let state = build_state(home, &args.model, embedding, config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.api)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.api))?;
+        let addr = listener.local_addr()?;
+        eprintln!("OpenAI-compatible API on http://{addr}/v1 (Ctrl-C to stop)");
+        let cancel = CancellationToken::new();
+        tokio::spawn(stop_on_signal(cancel.clone()));
+        api::serve_on(listener, state, cancel).await?;
+        Ok(())
+    })
+}
+
+/// Loads the chat model of `model` and, when `embedding` names one, the embedding model,
+/// into an API state. `starling up` builds its API state the same way.
+pub fn build_state(
+    home: &Path,
+    model: &ModelArgs,
+    embedding: Option<&str>,
+    config: ApiConfig,
+) -> anyhow::Result<AppState> {
+    let engine = super::load_engine(home, model)?;
+    let info = engine.info();
+    eprintln!(
+        "chat model: {} ({}, {}, context {})",
+        info.id, info.architecture, info.quantization, info.context_length
+    );
+    // A registry name is what users type: answer to it besides the file's own name.
+    let aliases = registry::find(&model.model)
+        .map(|k| vec![k.name.to_owned()])
+        .unwrap_or_default();
+    let state = AppState::new(config).with_chat_model_named(ModelSlot::new(engine), aliases);
+    if let Some(spec) = embedding {
+        let handle = load_embedder(home, spec)?;
+        eprintln!(
+            "embedding model: {} ({} dimensions)",
+            handle.model_id(),
+            handle.dim()
+        );
+        state.set_embedder(Some(handle));
+    }
+    Ok(state)
+}
+
+/// Resolves `spec` (registry name, directory or source) and starts the embedder on its own
+/// thread. A registry name becomes the model's id.
+pub fn load_embedder(home: &Path, spec: &str) -> anyhow::Result<EmbedHandle> {
+    let cache = ModelCache::new(home);
+    let source = registry::parse_spec(spec)?;
+    let dir = cache
+        .resolve(&source, &Progress::new())
+        .with_context(|| format!("cannot get embedding model `{spec}`"))?;
+    let mut embedder = BertEmbedder::load(&dir)
+        .with_context(|| format!("cannot load embedding model {}", dir.display()))?;
+    if let Some(known) = registry::find(spec) {
+        embedder = embedder.with_model_id(known.name);
+    }
+    Ok(EmbedHandle::spawn(embedder)?)
+}
+
+/// Cancels `cancel` on Ctrl-C or (on Unix) SIGTERM.
+async fn stop_on_signal(cancel: CancellationToken) {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    eprintln!("stopping");
+    cancel.cancel();
+}

@@ -1,0 +1,652 @@
+//! The HTTP API end to end over a real loopback socket, with a tiny random-weight model the
+//! test writes itself: routes, OpenAI response shapes, streaming, errors for malformed and
+//! hostile requests, admission limits, cancellation and shutdown.
+
+mod api_support;
+
+use std::time::Duration;
+
+use api_support::{write_tiny_llama, Server, SseReader};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use starling_models::engine::{Engine, EngineConfig, ModelSlot};
+use starling_node::api::{ApiConfig, AppState};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn tiny_state(dir: &std::path::Path, config: ApiConfig) -> AppState {
+    let path = write_tiny_llama(dir, "tiny", 256);
+    let engine = Engine::load(&path, &EngineConfig::default()).expect("load tiny model");
+    AppState::new(config).with_chat_model_named(ModelSlot::new(engine), vec!["tiny-alias".into()])
+}
+
+async fn tiny_server(config: ApiConfig) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = tiny_state(dir.path(), config);
+    (Server::start(state).await, dir)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+fn greedy(max_tokens: u32) -> Value {
+    json!({
+        "model": "tiny",
+        "messages": [{"role": "system", "content": "You are tiny."}, {"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 1,
+    })
+}
+
+async fn post(server: &Server, path: &str, body: &Value) -> (StatusCode, Value) {
+    let resp = client()
+        .post(server.url(path))
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status();
+    (status, resp.json().await.expect("JSON body"))
+}
+
+/// Asserts the OpenAI error shape and returns the error object.
+fn error_of(body: &Value) -> &Value {
+    let err = &body["error"];
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(err["type"].is_string(), "{body}");
+    assert!(
+        err.get("param").is_some() && err.get("code").is_some(),
+        "{body}"
+    );
+    err
+}
+
+#[tokio::test]
+async fn chat_completion_has_openai_shape_and_is_reproducible() {
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    let (status, body) = post(&server, "/v1/chat/completions", &greedy(12)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert!(body["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("chatcmpl-")));
+    assert_eq!(body["model"], "tiny");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    let content = choice["message"]["content"].as_str().expect("content");
+    let usage = &body["usage"];
+    let completion = usage["completion_tokens"]
+        .as_u64()
+        .expect("completion_tokens");
+    let prompt = usage["prompt_tokens"].as_u64().expect("prompt_tokens");
+    assert!(prompt > 10, "{usage}");
+    assert!(
+        (1..=12).contains(&completion) || choice["finish_reason"] == "stop",
+        "{usage}"
+    );
+    assert_eq!(usage["total_tokens"].as_u64(), Some(prompt + completion));
+    match choice["finish_reason"].as_str() {
+        Some("length") => assert_eq!(completion, 12),
+        Some("stop") => assert!(completion < 12),
+        other => panic!("finish_reason {other:?}"),
+    }
+    // Greedy decoding gives the same answer again; the alias names the same model, and the
+    // second run reuses the cached prompt.
+    let mut again = greedy(12);
+    again["model"] = json!("TINY-ALIAS");
+    let (status, body2) = post(&server, "/v1/chat/completions", &again).await;
+    assert_eq!(status, StatusCode::OK, "{body2}");
+    assert_eq!(
+        body2["choices"][0]["message"]["content"].as_str(),
+        Some(content)
+    );
+    assert_eq!(
+        body2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt - 1)
+    );
+    assert_ne!(body2["id"], body["id"]);
+
+    // max_completion_tokens wins over max_tokens.
+    let mut capped = greedy(12);
+    capped["max_completion_tokens"] = json!(3);
+    let (_, body3) = post(&server, "/v1/chat/completions", &capped).await;
+    assert!(
+        body3["usage"]["completion_tokens"]
+            .as_u64()
+            .is_some_and(|n| n <= 3),
+        "{body3}"
+    );
+
+    let m = server.state.metrics();
+    assert_eq!(m.chat_completions, 3);
+    assert_eq!(m.active_generations, 0);
+    assert_eq!(m.cancelled_generations, 0);
+    assert!(m.completion_tokens >= completion * 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn streaming_sends_role_text_finish_usage_and_done() {
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    let (_, whole) = post(&server, "/v1/chat/completions", &greedy(16)).await;
+    let expected = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned();
+
+    let mut req = greedy(16);
+    req["stream"] = json!(true);
+    req["stream_options"] = json!({"include_usage": true});
+    let resp = client()
+        .post(server.url("/v1/chat/completions"))
+        .json(&req)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ctype = resp.headers()["content-type"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+    let events = SseReader::new(resp).collect().await;
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk JSON"))
+        .collect();
+    assert!(chunks.len() >= 3, "{chunks:?}");
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["id"], chunks[0]["id"]);
+        assert!(
+            c.get("usage").is_some(),
+            "usage key present when include_usage: {c}"
+        );
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage_chunk = &chunks[chunks.len() - 1];
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(
+        usage_chunk["usage"]["completion_tokens"],
+        whole["usage"]["completion_tokens"]
+    );
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(
+        finish["choices"][0]["finish_reason"],
+        whole["choices"][0]["finish_reason"]
+    );
+    let mut text = String::new();
+    for c in &chunks[1..chunks.len() - 2] {
+        assert!(c["choices"][0]["finish_reason"].is_null());
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .expect("delta content"),
+        );
+    }
+    assert_eq!(text, expected);
+
+    // Without include_usage: no usage chunk, no usage key.
+    let mut plain = greedy(4);
+    plain["stream"] = json!(true);
+    let resp = client()
+        .post(server.url("/v1/chat/completions"))
+        .json(&plain)
+        .send()
+        .await
+        .expect("send");
+    let events = SseReader::new(resp).collect().await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let last: Value = serde_json::from_str(&events[events.len() - 2]).expect("json");
+    assert!(last["choices"][0]["finish_reason"].is_string(), "{last}");
+    assert!(last.get("usage").is_none(), "{last}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn models_are_listed_and_found_by_id_or_alias() {
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    let list: Value = client()
+        .get(server.url("/v1/models"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(list["object"], "list");
+    let data = list["data"].as_array().expect("data");
+    assert_eq!(data.len(), 1, "{list}");
+    assert_eq!(data[0]["id"], "tiny");
+    assert_eq!(data[0]["object"], "model");
+    assert_eq!(data[0]["owned_by"], "starling");
+    assert_eq!(data[0]["context_length"], 256);
+    assert!(data[0]["created"]
+        .as_u64()
+        .is_some_and(|c| c > 1_600_000_000));
+
+    for id in ["tiny", "tiny-alias"] {
+        let resp = client()
+            .get(server.url(&format!("/v1/models/{id}")))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let m: Value = resp.json().await.expect("json");
+        assert_eq!(m["id"], "tiny");
+    }
+    let resp = client()
+        .get(server.url("/v1/models/org/gpt-9"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(error_of(&body)["code"], "model_not_found");
+
+    let health: Value = client()
+        .get(server.url("/health"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["chat_model"], "tiny");
+    assert!(health["embedding_model"].is_null());
+    assert!(health["metrics"]["http_requests"]
+        .as_u64()
+        .is_some_and(|n| n >= 4));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_requests_get_openai_errors_with_the_right_status() {
+    let (server, _dir) = tiny_server(ApiConfig {
+        max_body_bytes: 64 * 1024,
+        ..ApiConfig::default()
+    })
+    .await;
+    let c = client();
+    let chat = server.url("/v1/chat/completions");
+    let raw = |body: &'static str| {
+        c.post(&chat)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    let cases: Vec<(Value, u16, Option<&str>)> = vec![
+        (json!({"model": "tiny"}), 400, Some("messages")),
+        (json!({"messages": []}), 400, Some("messages")),
+        (json!({"messages": "hi"}), 400, Some("messages")),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "n": 3}),
+            400,
+            Some("n"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}),
+            400,
+            Some("temperature"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}),
+            400,
+            Some("temperature"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "stop": {"a": 1}}),
+            400,
+            Some("stop"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": 7}]}),
+            400,
+            Some("messages[0].content"),
+        ),
+        (
+            json!({"messages": [{"role": "<|im_start|>", "content": "x"}]}),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
+            400,
+            Some("tools"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}),
+            404,
+            Some("model"),
+        ),
+    ];
+    for (body, status, param) in cases {
+        let (got, resp) = post(&server, "/v1/chat/completions", &body).await;
+        assert_eq!(got.as_u16(), status, "{body} -> {resp}");
+        let err = error_of(&resp);
+        assert_eq!(err["param"].as_str(), param, "{body} -> {resp}");
+    }
+
+    // A prompt longer than the context window.
+    let long = "the ".repeat(400);
+    let (status, resp) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": long}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{resp}");
+    assert_eq!(error_of(&resp)["code"], "context_length_exceeded");
+
+    // Not JSON, truncated JSON, trailing garbage, deep nesting, invalid UTF-8.
+    for body in [
+        "{",
+        "not json",
+        "{\"messages\": [] } x",
+        "null",
+        "[]",
+        "\"s\"",
+    ] {
+        let resp = raw(body).await.expect("send");
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{body}");
+        error_of(&resp.json().await.expect("json"));
+    }
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let resp = c
+        .post(&chat)
+        .header("content-type", "application/json")
+        .body(deep)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let resp = c
+        .post(&chat)
+        .header("content-type", "application/json")
+        .body(b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+
+    // Wrong content type, body too large, unknown route, wrong method.
+    let resp = c
+        .post(&chat)
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    error_of(&resp.json().await.expect("json"));
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(100 * 1024)}]});
+    let (status, resp) = post(&server, "/v1/chat/completions", &big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{resp}");
+    assert_eq!(error_of(&resp)["code"], "request_too_large");
+    let resp = c.get(server.url("/v1/nothing")).send().await.expect("send");
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    error_of(&resp.json().await.expect("json"));
+    let resp = c.get(&chat).send().await.expect("send");
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    error_of(&resp.json().await.expect("json"));
+
+    // No embedding model here: 503, after the request itself was found valid.
+    let (status, resp) = post(&server, "/v1/embeddings", &json!({"input": "hi"})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error_of(&resp)["code"], "model_not_loaded");
+    let (status, _) = post(&server, "/v1/embeddings", &json!({"input": 5})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // A request addressed to another host name (DNS rebinding) is refused.
+    let resp = c
+        .get(server.url("/v1/models"))
+        .header("host", "evil.example:80")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+
+    // None of that hurt the server.
+    let (status, _) = post(&server, "/v1/chat/completions", &greedy(2)).await;
+    assert_eq!(status, StatusCode::OK);
+    let m = server.state.metrics();
+    // The only 5xx is the deliberate 503 of the embeddings request without a model.
+    assert_eq!(m.server_errors, 1, "{m:?}");
+    assert!(m.client_errors >= 25, "{m:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_on_the_socket_never_takes_the_server_down() {
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    let garbage: [&[u8]; 5] = [
+        b"\x00\x01\x02\xff\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{\"mess",
+    ];
+    for bytes in garbage {
+        let mut s = tokio::net::TcpStream::connect(server.addr)
+            .await
+            .expect("connect");
+        s.write_all(bytes).await.expect("write");
+        let _ = s.shutdown().await;
+        let mut reply = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut reply)).await;
+        assert!(read.is_ok(), "server answers or closes within 10 s");
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(!reply.starts_with("HTTP/1.1 5"), "{reply}");
+    }
+    let (status, _) = post(&server, "/v1/chat/completions", &greedy(2)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(server.state.metrics().server_errors, 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn dropped_stream_cancels_and_admission_is_bounded() {
+    let (server, _dir) = tiny_server(ApiConfig {
+        max_inflight: 1,
+        ..ApiConfig::default()
+    })
+    .await;
+    let mut req = greedy(200);
+    req["stream"] = json!(true);
+    let resp = client()
+        .post(server.url("/v1/chat/completions"))
+        .json(&req)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut events = SseReader::new(resp);
+    let first: Value =
+        serde_json::from_str(&events.next().await.expect("first event")).expect("json");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(server.state.metrics().active_generations, 1);
+
+    // The one admission slot is taken: a second request is told to come back later.
+    let (status, body) = post(&server, "/v1/chat/completions", &greedy(2)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(error_of(&body)["code"], "server_busy");
+
+    // The client goes away mid-stream: the generation is dropped and its slot freed.
+    drop(events);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.state.metrics().active_generations != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "generation still active after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.state.metrics().cancelled_generations, 1);
+    let (status, body) = post(&server, "/v1/chat/completions", &greedy(2)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_streams_and_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A larger context so the stream is still running when the server is stopped.
+    let path = write_tiny_llama(dir.path(), "tiny-long", 8192);
+    let engine = Engine::load(
+        &path,
+        &EngineConfig {
+            max_seq_len: 8192,
+            ..EngineConfig::default()
+        },
+    )
+    .expect("load");
+    let server =
+        Server::start(AppState::new(ApiConfig::default()).with_chat_model(ModelSlot::new(engine)))
+            .await;
+    let mut req = greedy(8000);
+    req["model"] = json!("tiny-long");
+    req["stream"] = json!(true);
+    req["temperature"] = json!(1.0);
+    let resp = client()
+        .post(server.url("/v1/chat/completions"))
+        .json(&req)
+        .send()
+        .await
+        .expect("send");
+    let mut events = SseReader::new(resp);
+    for _ in 0..3 {
+        events.next().await.expect("event");
+    }
+    let state = server.state.clone();
+    // Keep reading while the server stops, as a live client would.
+    let reader = tokio::spawn(events.collect());
+    let started = tokio::time::Instant::now();
+    server.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let rest = reader.await.expect("reader");
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "{rest:?}");
+    // Unless the random model ended its turn first, the stream was cut with an error event.
+    let finished = rest
+        .iter()
+        .any(|e| e.contains("\"finish_reason\":\"stop\""));
+    if !finished {
+        let err: Value = serde_json::from_str(&rest[rest.len() - 2]).expect("json");
+        assert_eq!(err["error"]["code"], "shutting_down", "{rest:?}");
+        assert_eq!(state.metrics().cancelled_generations, 1);
+    }
+}
+
+#[tokio::test]
+async fn a_state_without_models_answers_503_and_lists_nothing() {
+    let server = Server::start(AppState::new(ApiConfig::default())).await;
+    let (status, body) = post(&server, "/v1/chat/completions", &greedy(2)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(error_of(&body)["code"], "model_not_loaded");
+    let list: Value = client()
+        .get(server.url("/v1/models"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(list["data"], json!([]));
+
+    // A model set while running is served at once.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = Engine::load(
+        &write_tiny_llama(dir.path(), "late", 256),
+        &EngineConfig::default(),
+    )
+    .expect("load");
+    server
+        .state
+        .set_chat_model(Some(ModelSlot::new(engine)), Vec::new());
+    let mut req = greedy(2);
+    req["model"] = json!("late");
+    let (status, body) = post(&server, "/v1/chat/completions", &req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["model"], "late");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn response_format_constrains_the_output() {
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    let schema = json!({
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": false,
+    });
+    let mut req = greedy(64);
+    req["temperature"] = json!(1.0);
+    req["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": true}});
+    for seed in 0..3 {
+        req["seed"] = json!(seed);
+        let (status, body) = post(&server, "/v1/chat/completions", &req).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let content = body["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content");
+        // Random weights, yet the output is exactly the schema's shape.
+        let parsed: Value =
+            serde_json::from_str(content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+        assert!(parsed["ok"].is_boolean(), "{parsed}");
+        assert_eq!(parsed.as_object().map(|o| o.len()), Some(1), "{parsed}");
+        assert_eq!(body["choices"][0]["finish_reason"], "stop", "{body}");
+    }
+
+    let mut object = greedy(64);
+    object["temperature"] = json!(1.0);
+    object["response_format"] = json!({"type": "json_object"});
+    let (status, body) = post(&server, "/v1/chat/completions", &object).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let content = body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    if body["choices"][0]["finish_reason"] == "stop" {
+        let parsed: Value =
+            serde_json::from_str(content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+        assert!(parsed.is_object(), "{parsed}");
+    } else {
+        assert!(content.starts_with('{'), "{content:?}");
+    }
+
+    let mut bad = greedy(8);
+    bad["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}});
+    let (status, body) = post(&server, "/v1/chat/completions", &bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(error_of(&body)["param"], "response_format");
+    server.stop().await;
+}

@@ -1,0 +1,142 @@
+"""The official OpenAI Python client against a running `starling serve`.
+
+Run through tests/python/run.sh, which starts the server and sets STARLING_API_BASE.
+"""
+
+import json
+import math
+import os
+
+import openai
+import pytest
+from openai import OpenAI
+
+BASE = os.environ.get("STARLING_API_BASE")
+
+pytestmark = pytest.mark.skipif(BASE is None, reason="run through tests/python/run.sh")
+
+CAPITAL = [
+    {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+@pytest.fixture(scope="module")
+def client():
+    return OpenAI(base_url=BASE, api_key="unused-on-localhost", max_retries=0, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def served(client):
+    by_kind = {}
+    for m in client.models.list().data:
+        by_kind[m.to_dict()["kind"]] = m.id
+    return by_kind
+
+
+def test_models_are_listed_and_retrievable(client, served):
+    assert set(served) == {"chat", "embedding"}
+    chat = client.models.retrieve(served["chat"])
+    assert chat.id == served["chat"]
+    assert chat.object == "model"
+    assert chat.owned_by == "starling"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_chat_completion_answers_and_counts_tokens(client, served):
+    r = client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=0, max_tokens=24)
+    choice = r.choices[0]
+    assert r.object == "chat.completion"
+    assert choice.message.role == "assistant"
+    assert "Paris" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 10
+    assert 0 < r.usage.completion_tokens <= 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streaming_matches_the_whole_answer(client, served):
+    whole = client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=0, max_tokens=24)
+    stream = client.chat.completions.create(
+        model=served["chat"],
+        messages=CAPITAL,
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_stop_sequence_ends_the_answer(client, served):
+    r = client.chat.completions.create(
+        model=served["chat"],
+        messages=[{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
+        temperature=0,
+        max_tokens=64,
+        stop=["5"],
+    )
+    content = r.choices[0].message.content
+    assert "4" in content, content
+    assert "5" not in content, content
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_json_schema_response_format_is_obeyed(client, served):
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}, "country": {"type": "string", "maxLength": 40}},
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model=served["chat"],
+        messages=[{"role": "user", "content": "Name the capital of France and its country as JSON."}],
+        temperature=0,
+        max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema, "strict": True}},
+    )
+    data = json.loads(r.choices[0].message.content)
+    assert set(data) == {"city", "country"}
+    assert all(isinstance(v, str) for v in data.values())
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_invalid_requests_raise_bad_request(client, served):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=served["chat"], messages=CAPITAL, n=2)
+    assert e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=3)
+    assert e.value.param == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=CAPITAL)
+
+
+def _cosine(a, b):
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_embeddings_base64_and_float_agree(client, served):
+    texts = ["A cat sits on the mat.", "A kitten is sitting on a rug.", "Quarterly revenue grew by 4%."]
+    # The client asks for base64 by default and decodes it itself.
+    r = client.embeddings.create(model=served["embedding"], input=texts)
+    assert [d.index for d in r.data] == [0, 1, 2]
+    vectors = [d.embedding for d in r.data]
+    assert all(len(v) == 384 for v in vectors)
+    assert all(abs(math.sqrt(sum(x * x for x in v)) - 1.0) < 1e-3 for v in vectors)
+    assert _cosine(vectors[0], vectors[1]) > _cosine(vectors[0], vectors[2]) + 0.2
+    floats = client.embeddings.create(model=served["embedding"], input=texts, encoding_format="float")
+    for a, b in zip(vectors, (d.embedding for d in floats.data)):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-6
+    single = client.embeddings.create(model=served["embedding"], input=texts[0], encoding_format="float")
+    assert len(single.data) == 1
+    assert max(abs(x - y) for x, y in zip(single.data[0].embedding, vectors[0])) < 1e-4
