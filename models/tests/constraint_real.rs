@@ -8,7 +8,6 @@ use starling_models::chat::ChatMessage;
 use starling_models::constraint::Constraint;
 use starling_models::engine::{Engine, EngineConfig, GenerateRequest, Prompt};
 use starling_models::requant::{self, Requantize};
-use starling_models::sampling::SamplingOptions;
 use starling_models::testing;
 
 /// The schema and prompts are shared with the comparison example.

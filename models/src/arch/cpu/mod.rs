@@ -166,9 +166,9 @@ impl CpuLlama {
         let base = md_f32_or(ct, "llama.rope.freq_base", 10_000.0)?;
         if n_head == 0
             || n_kv == 0
-            || n_head % n_kv != 0
-            || hidden % n_head != 0
-            || (hidden / n_head) % 2 != 0
+            || !n_head.is_multiple_of(n_kv)
+            || !hidden.is_multiple_of(n_head)
+            || !(hidden / n_head).is_multiple_of(2)
         {
             return Err(ModelError::Metadata {
                 key: "llama.attention.head_count".into(),
@@ -189,7 +189,7 @@ impl CpuLlama {
                 ),
             });
         }
-        if hidden % BLOCK != 0 || ffn % BLOCK != 0 {
+        if !hidden.is_multiple_of(BLOCK) || !ffn.is_multiple_of(BLOCK) {
             return Err(ModelError::Metadata {
                 key: "llama.embedding_length".into(),
                 reason: format!("widths {hidden} and {ffn} must be multiples of {BLOCK}"),

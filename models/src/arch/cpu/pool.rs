@@ -134,7 +134,7 @@ impl Pool {
         let mut spins = 0u32;
         while s.active.load(Ordering::SeqCst) != 0 {
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 // The worker holding the last chunk may have lost its core.
                 std::thread::yield_now();
             } else {
@@ -179,7 +179,7 @@ fn worker(s: &Shared, index: usize) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 {
+            if !spins.is_multiple_of(1024) {
                 std::hint::spin_loop();
                 continue;
             }

@@ -48,7 +48,7 @@ impl QMatrix {
             GgmlDType::Q4_1 => (Format::Q4_1, 20),
             other => return Err(format!("{other:?} weights have no CPU kernel")),
         };
-        if k % BLOCK != 0 {
+        if !k.is_multiple_of(BLOCK) {
             return Err(format!("row width {k} is not a multiple of {BLOCK}"));
         }
         let nb = k / BLOCK;
@@ -442,6 +442,7 @@ pub(crate) enum Epilogue {
 
 /// `out[c][..rows] (=|+=) W · acts[c]` for the first `seq` activation rows, with `out` rows
 /// `stride` apart; the weight rows are split over the pool.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
     pool: &Pool,
     isa: Isa,
@@ -634,7 +635,7 @@ mod tests {
         for rows in [16usize, 192, 576, 960, 1536, 49152] {
             for threads in 1..5 {
                 let c = rows_per_chunk(rows, threads);
-                assert!(c % ROW_ALIGN == 0 && c >= ROW_ALIGN);
+                assert!(c.is_multiple_of(ROW_ALIGN) && c >= ROW_ALIGN);
                 assert!(rows.div_ceil(c) <= 8 * threads);
             }
         }
