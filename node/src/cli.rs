@@ -37,6 +37,13 @@ pub enum Command {
     ///   starling generate --model ./my-finetune.gguf --system "You are terse." "Hi"
     #[command(verbatim_doc_comment)]
     Generate(commands::generate::GenerateArgs),
+    /// Embed sentences with the local embedding model.
+    ///
+    /// Examples:
+    ///   starling embed "a cat sat on the mat" "a kitten on a rug"
+    ///   starling embed --json "some text" > vector.json
+    #[command(verbatim_doc_comment)]
+    Embed(commands::embed::EmbedArgs),
     /// Measure prompt processing and generation speed, like llama-bench.
     ///
     /// Examples:
@@ -114,6 +121,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Models(ModelsCommand::List(a)) => commands::models::list(&home, a),
         Command::Generate(a) => commands::generate::run(&home, a),
         Command::Bench(a) => commands::bench::run(&home, a),
+        Command::Embed(a) => commands::embed::run(&home, a),
         Command::Serve(a) => commands::serve::run(&home, a),
     }
 }

@@ -1,6 +1,7 @@
 //! Implementations of the `starling` subcommands.
 
 pub mod bench;
+pub mod embed;
 pub mod generate;
 pub mod models;
 pub mod serve;
