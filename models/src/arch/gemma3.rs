@@ -127,21 +127,8 @@ impl Gemma3 {
 impl Transformer for Gemma3 {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let seq = tokens.len();
-        if seq == 0 {
-            return Err(ModelError::InvalidRequest("no tokens to process".into()));
-        }
         let pos = self.cache_len();
-        if pos + seq > self.max_seq {
-            return Err(ModelError::ContextOverflow {
-                needed: pos + seq,
-                max: self.max_seq,
-            });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(ModelError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary"
-            )));
-        }
+        super::check_input(tokens, pos, self.max_seq, self.vocab)?;
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = (self.embeddings.embedding(&ids)?.unsqueeze(0)? * (self.hidden as f64).sqrt())?;
         let local = (

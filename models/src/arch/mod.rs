@@ -50,6 +50,31 @@ pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Box<
     }
 }
 
+/// Checks a `forward` call before any work: tokens present, room in the context window,
+/// every id inside the vocabulary.
+pub(crate) fn check_input(
+    tokens: &[u32],
+    cached: usize,
+    max_seq: usize,
+    vocab: usize,
+) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(ModelError::InvalidRequest("no tokens to process".into()));
+    }
+    if cached + tokens.len() > max_seq {
+        return Err(ModelError::ContextOverflow {
+            needed: cached + tokens.len(),
+            max: max_seq,
+        });
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::InvalidRequest(format!(
+            "token id {bad} is outside the vocabulary"
+        )));
+    }
+    Ok(())
+}
+
 /// Reads a metadata value as u32 (`ARCH.key`).
 pub(crate) fn md_u32(ct: &gguf_file::Content, key: &str) -> Result<u32> {
     let v = ct.metadata.get(key).ok_or_else(|| ModelError::Metadata {

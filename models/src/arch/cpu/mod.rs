@@ -327,21 +327,8 @@ impl CpuLlama {
 impl Transformer for CpuLlama {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let seq = tokens.len();
-        if seq == 0 {
-            return Err(ModelError::InvalidRequest("no tokens to process".into()));
-        }
         let pos = self.len;
-        if pos + seq > self.max_seq {
-            return Err(ModelError::ContextOverflow {
-                needed: pos + seq,
-                max: self.max_seq,
-            });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(ModelError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary"
-            )));
-        }
+        crate::arch::check_input(tokens, pos, self.max_seq, self.vocab)?;
         self.reserve(seq);
         let (hidden, eps, isa) = (self.hidden, self.eps, self.isa);
         let qkv_width = self.dims.qkv_width();
