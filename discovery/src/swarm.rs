@@ -726,18 +726,25 @@ async fn peer_cache_writer(inner: Arc<Inner>) {
     }
 }
 
-/// Dials bootstrap and cached peers at start, and again whenever this node
-/// has no live peer.
+/// Dials bootstrap and cached peers at start and whenever this node has no
+/// live peer, and re-contacts a few peers it believes down on every tick.
+///
+/// Every contact ends with a SWIM announce, also over a connection that
+/// already existed: after a partition heals, the QUIC connection may come
+/// back before membership does, and the announce is what lets each side
+/// learn that the other is alive again (foca answers a down member with
+/// `TurnUndead`, which makes it renew its identity and announce again on
+/// the next tick).
 async fn rejoin_loop(inner: Arc<Inner>, every: Duration) {
+    /// Down peers re-contacted per tick (bounded work on a big swarm).
+    const DOWN_PER_TICK: usize = 3;
     let mut first = true;
     loop {
-        let alone = !inner
-            .membership
-            .peers()
-            .iter()
-            .any(|p| p.state != PeerState::Down);
+        let peers = inner.membership.peers();
+        let alone = !peers.iter().any(|p| p.state != PeerState::Down);
+        let mut targets: Vec<BootstrapPeer> = Vec::new();
         if first || alone {
-            let mut targets: Vec<BootstrapPeer> = inner.bootstrap.clone();
+            targets.extend(inner.bootstrap.iter().cloned());
             let cache = inner.peer_cache.clone();
             if let Ok(Ok(cached)) = tokio::task::spawn_blocking(move || cache.load()).await {
                 for c in cached {
@@ -750,19 +757,35 @@ async fn rejoin_loop(inner: Arc<Inner>, every: Duration) {
                     });
                 }
             }
-            let inner2 = &inner;
-            join_all(targets.into_iter().map(|t| async move {
-                let res = match t.node_id {
-                    Some(id) => inner2.transport.connect_to(id, t.addr).await,
-                    None => inner2.transport.dial(t.addr, None).await,
-                };
-                if let Err(e) = res {
-                    tracing::debug!(peer = %t, error = %e, "bootstrap dial failed");
-                }
-            }))
-            .await;
-            first = false;
         }
+        if !first {
+            let mut down: Vec<&PeerInfo> = peers
+                .iter()
+                .filter(|p| p.state == PeerState::Down)
+                .collect();
+            down.shuffle(&mut rand::thread_rng());
+            for p in down.into_iter().take(DOWN_PER_TICK) {
+                if !targets.iter().any(|t| t.node_id == Some(p.id)) {
+                    targets.push(BootstrapPeer {
+                        addr: p.addr,
+                        node_id: Some(p.id),
+                    });
+                }
+            }
+        }
+        let inner2 = &inner;
+        join_all(targets.into_iter().map(|t| async move {
+            let res = match t.node_id {
+                Some(id) => inner2.transport.connect_to(id, t.addr).await,
+                None => inner2.transport.dial(t.addr, None).await,
+            };
+            match res {
+                Ok(pc) => inner2.membership.announce(pc.member.clone()),
+                Err(e) => tracing::debug!(peer = %t, error = %e, "rejoin dial failed"),
+            }
+        }))
+        .await;
+        first = false;
         tokio::select! {
             biased;
             _ = inner.cancel.cancelled() => break,
