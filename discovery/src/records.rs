@@ -145,6 +145,30 @@ impl Record {
         })
     }
 
+    /// Rebuilds a record that was verified before it was stored (a persistent
+    /// store reading its own rows): recomputes the id but not the signature.
+    /// Returns `None` when `expected_id` does not match the content, i.e. the
+    /// row was damaged.
+    pub(crate) fn from_stored(
+        author: NodeId,
+        kind: String,
+        timestamp_ms: u64,
+        body: Vec<u8>,
+        signature: [u8; 64],
+        expected_id: &RecordId,
+    ) -> Option<Self> {
+        let bytes = signed_bytes(&author, &kind, timestamp_ms, &body);
+        let id = RecordId(Sha256::digest(&bytes).into());
+        (id == *expected_id).then_some(Self {
+            author,
+            kind,
+            timestamp_ms,
+            body,
+            signature,
+            id,
+        })
+    }
+
     /// Verifies a received record.
     pub fn verify(wire: RecordWire, now_ms: u64) -> Result<Self, RecordError> {
         check_shape(&wire.kind, &wire.body)?;

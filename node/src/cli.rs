@@ -58,6 +58,31 @@ pub enum Command {
     ///   starling serve --api 127.0.0.1:8080 --model ./my-finetune.gguf --no-embeddings
     #[command(verbatim_doc_comment)]
     Serve(commands::serve::ServeArgs),
+    /// Run a node: join (or start) a swarm, serve the models, the node API and dashboard.
+    ///
+    /// Examples:
+    ///   starling up
+    ///   starling up --config configs/alice.toml
+    ///   starling up --listen 127.0.0.1:7420 --api 127.0.0.1:7431 --data-dir /tmp/a --no-mdns
+    ///   starling up --listen 127.0.0.1:7421 --api 127.0.0.1:7432 --data-dir /tmp/b \
+    ///       --bootstrap 127.0.0.1:7420 --swarm-secret "$(starling invite --secret)"
+    ///   starling up --join st1...   (a code printed by `starling invite` on another node)
+    #[command(verbatim_doc_comment)]
+    Up(commands::up::UpArgs),
+    /// List the peers a running node knows.
+    ///
+    /// Examples:
+    ///   starling peers
+    ///   starling peers --api 127.0.0.1:7432 --json
+    #[command(verbatim_doc_comment)]
+    Peers(commands::peers::PeersArgs),
+    /// Print a join code for the running node's swarm.
+    ///
+    /// Examples:
+    ///   starling invite                 (then on another device: starling up --join CODE)
+    ///   starling invite --secret        (just the secret, for --swarm-secret)
+    #[command(verbatim_doc_comment)]
+    Invite(commands::peers::InviteArgs),
 }
 
 /// `starling models ...`
@@ -123,5 +148,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(a) => commands::bench::run(&home, a),
         Command::Embed(a) => commands::embed::run(&home, a),
         Command::Serve(a) => commands::serve::run(&home, a),
+        Command::Up(a) => commands::up::run(&home, a),
+        Command::Peers(a) => commands::peers::peers(a),
+        Command::Invite(a) => commands::peers::invite(a),
     }
 }

@@ -4,4 +4,6 @@
 pub mod api;
 pub mod cli;
 pub mod commands;
+pub mod config;
+pub mod daemon;
 pub mod logging;

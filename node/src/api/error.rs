@@ -39,6 +39,21 @@ impl ApiError {
         Self::invalid(message).with_param(param)
     }
 
+    /// 404 for an object (peer, group, task, memory...) that does not exist.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message).with_code("not_found")
+    }
+
+    /// 409: the request conflicts with the node's current state.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", message).with_code("conflict")
+    }
+
+    /// 503: a part of the node the request needs is not available.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).with_code("unavailable")
+    }
+
     /// 404 for a route that does not exist.
     pub fn route_not_found(method: &str, path: &str) -> Self {
         Self::new(

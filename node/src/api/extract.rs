@@ -1,7 +1,7 @@
 //! A JSON body extractor whose rejections are OpenAI-shaped errors naming the bad field.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRef, FromRequest, Request};
 use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
 
@@ -15,16 +15,22 @@ use super::state::AppState;
 /// does not fit `T` a 400 whose `param` is the path of the offending field.
 pub(crate) struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+    AppState: FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         if !is_json(&req) {
             return Err(ApiError::not_json());
         }
+        let limit = AppState::from_ref(state).config().max_body_bytes;
         let bytes = Bytes::from_request(req, state).await.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(state.config().max_body_bytes)
+                ApiError::too_large(limit)
             } else {
                 ApiError::invalid(format!("cannot read the request body: {}", r.body_text()))
             }

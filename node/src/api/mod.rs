@@ -22,6 +22,7 @@ mod embeddings;
 mod error;
 mod extract;
 mod models;
+pub mod node;
 mod state;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -64,6 +65,12 @@ pub enum ServeError {
 
 /// The API's routes and middleware over `state`.
 pub fn router(state: AppState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// The OpenAI-compatible routes plus `extra` (e.g. the node API of a running node), all
+/// behind the same limits, host check, CORS policy and error shape.
+pub fn router_with(state: AppState, extra: Router) -> Router {
     let limit = state.config().max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -71,6 +78,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))
         .route("/health", get(models::health))
+        .with_state(state.clone())
+        .merge(extra)
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
@@ -82,7 +91,6 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(cors())
         .layer(TraceLayer::new_for_http())
-        .with_state(state)
 }
 
 /// Binds `addr` and serves the API until `cancel` fires; see [`serve_on`].
@@ -105,13 +113,24 @@ pub async fn serve_on(
     state: AppState,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
+    serve_router_on(listener, state.clone(), router(state), cancel).await
+}
+
+/// Serves `app` (built with [`router_with`] over `state`) on `listener` until `cancel`
+/// fires; see [`serve_on`].
+pub async fn serve_router_on(
+    listener: TcpListener,
+    state: AppState,
+    app: Router,
+    cancel: CancellationToken,
+) -> Result<(), ServeError> {
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {
         tracing::warn!(%addr, "the HTTP API has no authentication and listens beyond loopback");
     }
     tracing::info!(%addr, "HTTP API listening");
     let on_stop = state.clone();
-    axum::serve(listener, router(state))
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             cancel.cancelled().await;
             tracing::info!("HTTP API shutting down");

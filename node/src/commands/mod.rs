@@ -1,10 +1,13 @@
 //! Implementations of the `starling` subcommands.
 
 pub mod bench;
+pub mod client;
 pub mod embed;
 pub mod generate;
 pub mod models;
+pub mod peers;
 pub mod serve;
+pub mod up;
 
 use std::path::{Path, PathBuf};
 
@@ -56,4 +59,41 @@ pub fn load_engine(home: &Path, args: &ModelArgs) -> anyhow::Result<Engine> {
         ..EngineConfig::default()
     };
     Engine::load(&path, &config).with_context(|| format!("cannot load {}", path.display()))
+}
+
+/// Runs `fut` on a small single-threaded runtime (for commands that make a few HTTP calls).
+pub fn block_on<F: std::future::Future>(fut: F) -> anyhow::Result<F::Output> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    Ok(rt.block_on(fut))
+}
+
+/// Waits for Ctrl-C or (on Unix) SIGTERM.
+pub async fn wait_for_stop_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
 }

@@ -109,30 +109,7 @@ pub fn load_embedder(home: &Path, spec: &str) -> anyhow::Result<EmbedHandle> {
 
 /// Cancels `cancel` on Ctrl-C or (on Unix) SIGTERM.
 async fn stop_on_signal(cancel: CancellationToken) {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
+    super::wait_for_stop_signal().await;
     eprintln!("stopping");
     cancel.cancel();
 }

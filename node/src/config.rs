@@ -1,0 +1,445 @@
+//! The node's TOML configuration: every key has a default, so an empty file (or none) is a
+//! valid config. `starling up --config FILE` reads it; command-line flags override it.
+//!
+//! Parsing is strict: an unknown key or a value of the wrong shape is an error that names
+//! the key and the line (`toml`'s own diagnostics), so a typo never silently falls back to
+//! a default. `configs/` holds commented examples.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use starling_discovery::{BootstrapPeer, MembershipPreset, NodeId, DEFAULT_PORT};
+
+/// Why a config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or a key has a wrong value (the message names key and line).
+    #[error("invalid config {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// toml's message, with the key and position.
+        message: String,
+    },
+    /// Parsed, but a value is out of range or inconsistent.
+    #[error("invalid config: `{key}` {problem}")]
+    Invalid {
+        /// Dotted key, e.g. `agent.max_turns`.
+        key: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// A whole node configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Who this node is.
+    pub node: NodeSection,
+    /// How it reaches other nodes.
+    pub network: NetworkSection,
+    /// Its local HTTP API.
+    pub api: ApiSection,
+    /// Which models it runs.
+    pub models: ModelsSection,
+    /// Its agent persona and behaviour.
+    pub agent: AgentSection,
+}
+
+/// `[node]`
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// Name shown to peers (default: the host name).
+    pub name: Option<String>,
+    /// Where identity, database and peer cache live (default: `$STARLING_HOME/node`).
+    /// A relative path is relative to the config file.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// `[network]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetworkSection {
+    /// UDP address for QUIC. mDNS runs only on the interfaces this covers (never for a
+    /// loopback address).
+    pub listen: SocketAddr,
+    /// Address peers should dial if not `listen` (e.g. behind port forwarding).
+    pub advertise: Option<SocketAddr>,
+    /// Peers to dial at start: `HOST:PORT` or `NODEID@HOST:PORT`.
+    pub bootstrap: Vec<String>,
+    /// Discover peers with mDNS on the LAN.
+    pub mdns: bool,
+    /// Failure-detection timing: `lan` (fast) or `wan`.
+    pub membership: MembershipChoice,
+    /// The swarm secret (base32). Prefer `starling invite` / `--join`; when unset the node
+    /// uses the secret stored in its data dir, creating a new swarm on first start.
+    pub swarm_secret: Option<String>,
+    /// Admit only these node ids (in addition to the secret). Empty: anyone with the secret.
+    pub allowlist: Vec<String>,
+}
+
+impl Default for NetworkSection {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), DEFAULT_PORT),
+            advertise: None,
+            bootstrap: Vec::new(),
+            mdns: true,
+            membership: MembershipChoice::Lan,
+            swarm_secret: None,
+            allowlist: Vec::new(),
+        }
+    }
+}
+
+/// Membership preset as written in the config.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MembershipChoice {
+    /// Local network timing.
+    #[default]
+    Lan,
+    /// Wide-area timing.
+    Wan,
+}
+
+impl From<MembershipChoice> for MembershipPreset {
+    fn from(c: MembershipChoice) -> Self {
+        match c {
+            MembershipChoice::Lan => MembershipPreset::Lan,
+            MembershipChoice::Wan => MembershipPreset::Wan,
+        }
+    }
+}
+
+/// `[api]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiSection {
+    /// Where the HTTP API (OpenAI-compatible + node API + dashboard) listens. It has no
+    /// authentication: keep it on loopback.
+    pub listen: SocketAddr,
+    /// Inference requests admitted at once, running or queued (more get 429).
+    pub max_inflight: usize,
+}
+
+impl Default for ApiSection {
+    fn default() -> Self {
+        Self {
+            listen: crate::api::DEFAULT_ADDR,
+            max_inflight: 32,
+        }
+    }
+}
+
+/// `[models]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelsSection {
+    /// Chat model: registry name, GGUF path or source (`hf:…`, `pip:…`).
+    pub chat: String,
+    /// Embedding model: registry name, directory or source; empty for none.
+    pub embedding: String,
+    /// Re-quantisation of weights without a fast kernel: `q8_0`, `q4_0` or `off`.
+    pub requantize: String,
+    /// Context length in tokens.
+    pub context: usize,
+    /// Inference threads (default: all cores).
+    pub threads: Option<usize>,
+}
+
+impl Default for ModelsSection {
+    fn default() -> Self {
+        Self {
+            chat: "smollm2-135m-instruct".into(),
+            embedding: "all-minilm-l6-v2".into(),
+            requantize: "q8_0".into(),
+            context: 4096,
+            threads: None,
+        }
+    }
+}
+
+/// `[agent]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentSection {
+    /// One or two sentences on what this agent knows and does (goes into its card).
+    pub description: String,
+    /// Skills or tags (go into its card; searched by other nodes).
+    pub skills: Vec<String>,
+    /// `tool` (answers by itself) or `human` (a person answers through the CLI/dashboard).
+    pub kind: AgentKind,
+    /// Folder of local documents searched by the `search_docs` tool (relative to the
+    /// config file). Different nodes hold different knowledge.
+    pub docs: Option<PathBuf>,
+    /// Built-in tools offered: `search_docs`, `calculator`.
+    pub tools: Vec<String>,
+    /// Turns after which a group chat is forced to conclude.
+    pub max_turns: u32,
+    /// How deep nested sub-teams may go.
+    pub max_depth: u32,
+    /// Seconds a member has to answer before it loses its turn.
+    pub turn_timeout_secs: u64,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        Self {
+            description: "A general assistant running on a local model.".into(),
+            skills: Vec::new(),
+            kind: AgentKind::Tool,
+            docs: None,
+            tools: vec!["search_docs".into(), "calculator".into()],
+            max_turns: 12,
+            max_depth: 2,
+            turn_timeout_secs: 120,
+        }
+    }
+}
+
+/// Who answers for an agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentKind {
+    /// The node's own model and tools.
+    #[default]
+    Tool,
+    /// A person, through the CLI or dashboard.
+    Human,
+}
+
+impl NodeConfig {
+    /// Reads and validates `path`. Relative paths in the file become relative to its folder.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut config = Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_relative(base);
+        Ok(config)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<text>"),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn resolve_relative(&mut self, base: &Path) {
+        for p in [&mut self.node.data_dir, &mut self.agent.docs]
+            .into_iter()
+            .flatten()
+        {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, problem: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                problem: problem.to_owned(),
+            })
+        };
+        if let Some(name) = &self.node.name {
+            if name.trim().is_empty() || name.chars().count() > 64 {
+                return invalid("node.name", "must be 1 to 64 characters");
+            }
+        }
+        if let Err(e) = self.bootstrap_peers() {
+            return invalid("network.bootstrap", &e);
+        }
+        if let Err(e) = self.allowlist() {
+            return invalid("network.allowlist", &e);
+        }
+        if let Some(s) = &self.network.swarm_secret {
+            if s.parse::<starling_discovery::SwarmSecret>().is_err() {
+                return invalid(
+                    "network.swarm_secret",
+                    "is not a swarm secret (52 base32 characters, as printed by `starling invite --secret`)",
+                );
+            }
+        }
+        if self.api.max_inflight == 0 {
+            return invalid("api.max_inflight", "must be at least 1");
+        }
+        if self.models.context < 16 {
+            return invalid("models.context", "must be at least 16 tokens");
+        }
+        if self.models.chat.trim().is_empty() {
+            return invalid("models.chat", "must name a chat model");
+        }
+        if let Err(e) = self
+            .models
+            .requantize
+            .parse::<starling_models::requant::Requantize>()
+        {
+            return invalid("models.requantize", &e.to_string());
+        }
+        if self.models.threads == Some(0) {
+            return invalid("models.threads", "must be at least 1 (or left out)");
+        }
+        for t in &self.agent.tools {
+            if !KNOWN_TOOLS.contains(&t.as_str()) {
+                return invalid(
+                    "agent.tools",
+                    &format!(
+                        "names unknown tool `{t}` (known: {})",
+                        KNOWN_TOOLS.join(", ")
+                    ),
+                );
+            }
+        }
+        if !(1..=200).contains(&self.agent.max_turns) {
+            return invalid("agent.max_turns", "must be between 1 and 200");
+        }
+        if self.agent.max_depth > 5 {
+            return invalid("agent.max_depth", "must be at most 5");
+        }
+        if self.agent.turn_timeout_secs == 0 {
+            return invalid("agent.turn_timeout_secs", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// `network.bootstrap` parsed.
+    pub fn bootstrap_peers(&self) -> Result<Vec<BootstrapPeer>, String> {
+        self.network
+            .bootstrap
+            .iter()
+            .map(|s| s.parse::<BootstrapPeer>().map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    /// `network.allowlist` parsed.
+    pub fn allowlist(&self) -> Result<Vec<NodeId>, String> {
+        self.network
+            .allowlist
+            .iter()
+            .map(|s| {
+                s.parse::<NodeId>()
+                    .map_err(|_| format!("`{s}` is not a node id"))
+            })
+            .collect()
+    }
+
+    /// The node name: configured, else the host name, else `starling`.
+    pub fn node_name(&self) -> String {
+        self.node.name.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "starling".into())
+        })
+    }
+}
+
+/// Built-in tools a node can offer.
+pub const KNOWN_TOOLS: &[&str] = &["search_docs", "calculator"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_all_defaults() {
+        let c = NodeConfig::parse("").unwrap();
+        assert_eq!(c, NodeConfig::default());
+        assert!(c.network.mdns);
+        assert_eq!(c.api.listen, crate::api::DEFAULT_ADDR);
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let c = NodeConfig::parse(
+            r#"
+            [node]
+            name = "alice"
+            [network]
+            listen = "127.0.0.1:7500"
+            bootstrap = ["127.0.0.1:7501"]
+            mdns = false
+            membership = "wan"
+            [api]
+            listen = "127.0.0.1:8000"
+            [models]
+            chat = "gemma3-270m"
+            embedding = ""
+            [agent]
+            description = "Knows botany."
+            skills = ["plants", "gardening"]
+            kind = "human"
+            max_turns = 6
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.node.name.as_deref(), Some("alice"));
+        assert_eq!(c.network.membership, MembershipChoice::Wan);
+        assert_eq!(c.bootstrap_peers().unwrap().len(), 1);
+        assert_eq!(c.agent.kind, AgentKind::Human);
+        assert_eq!(c.agent.max_turns, 6);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("[network]\nlisten = \"nope\"", "listen"),
+            ("[network]\nmdsn = true", "mdsn"),
+            ("[agent]\nmax_turns = \"many\"", "max_turns"),
+            ("[agent]\nmax_turns = 0", "agent.max_turns"),
+            ("[agent]\ntools = [\"rm -rf\"]", "agent.tools"),
+            ("[network]\nbootstrap = [\"x:y\"]", "network.bootstrap"),
+            ("[network]\nswarm_secret = \"abc\"", "network.swarm_secret"),
+            ("[models]\nrequantize = \"q9\"", "models.requantize"),
+            ("[api]\nmax_inflight = 0", "api.max_inflight"),
+        ];
+        for (text, key) in cases {
+            let e = NodeConfig::parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_follow_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.toml");
+        std::fs::write(
+            &path,
+            "[node]\ndata_dir = \"data\"\n[agent]\ndocs = \"docs\"\n",
+        )
+        .unwrap();
+        let c = NodeConfig::load(&path).unwrap();
+        assert_eq!(c.node.data_dir.unwrap(), dir.path().join("data"));
+        assert_eq!(c.agent.docs.unwrap(), dir.path().join("docs"));
+        let e = NodeConfig::load(&dir.path().join("missing.toml")).unwrap_err();
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+    }
+}

@@ -1,0 +1,295 @@
+//! A running node (`starling up`): the swarm, the models and the HTTP API, wired together.
+//!
+//! [`Node::start`] does the work in order: data directory and swarm secret, models, swarm
+//! (with the SQLite record store, so received cards and memories survive restarts), then
+//! the HTTP API (OpenAI-compatible routes + node API). [`Node::shutdown`] leaves the swarm
+//! gracefully so peers see a clean departure instead of a failure.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use starling_discovery::{BootstrapPeer, JoinCode, Swarm, SwarmConfig, SwarmSecret};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, ApiConfig, AppState};
+use crate::cli::ModelArgs;
+use crate::config::NodeConfig;
+
+/// File in the data dir holding the swarm secret (base32, owner-readable only).
+pub const SECRET_FILE: &str = "swarm.secret";
+
+/// Where the secret came from, for the start-up message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretOrigin {
+    /// `--join CODE`.
+    JoinCode,
+    /// `--swarm-secret` or `network.swarm_secret`.
+    Configured,
+    /// The data dir, from an earlier start.
+    Stored,
+    /// Nothing given: this node started a new swarm.
+    Created,
+}
+
+/// Picks the swarm secret: a join code, else an explicit secret, else the one stored in
+/// `data_dir`, else a new one. Whatever is used is stored, so a restart stays in the same
+/// swarm without flags.
+pub fn resolve_secret(
+    data_dir: &Path,
+    join: Option<&JoinCode>,
+    configured: Option<&str>,
+) -> anyhow::Result<(SwarmSecret, SecretOrigin)> {
+    let path = data_dir.join(SECRET_FILE);
+    let (secret, origin) = if let Some(code) = join {
+        (code.secret.clone(), SecretOrigin::JoinCode)
+    } else if let Some(s) = configured {
+        let secret: SwarmSecret = s
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("the swarm secret is not valid (52 base32 characters, as printed by `starling invite --secret`)"))?;
+        (secret, SecretOrigin::Configured)
+    } else if path.exists() {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let secret = text.trim().parse().map_err(|_| {
+            anyhow::anyhow!(
+                "{} does not hold a valid swarm secret; fix or delete it (deleting starts a new swarm)",
+                path.display()
+            )
+        })?;
+        return Ok((secret, SecretOrigin::Stored));
+    } else {
+        (SwarmSecret::generate(), SecretOrigin::Created)
+    };
+    if let Ok(old) = std::fs::read_to_string(&path) {
+        if old.trim() != secret.to_string() {
+            tracing::warn!(path = %path.display(), "switching this node to another swarm");
+        }
+    }
+    write_private(&path, &format!("{secret}\n"))?;
+    Ok((secret, origin))
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let mut f = opts
+            .open(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Everything `starling up` needs besides the config file.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// A join code given with `--join`.
+    pub join: Option<JoinCode>,
+    /// Where the model cache lives (`--home` / `$STARLING_HOME`).
+    pub home: PathBuf,
+}
+
+/// What a running node shares with its API handlers and agent runtime.
+pub struct NodeInner {
+    /// The swarm handle.
+    pub swarm: Swarm,
+    /// The served models and API counters.
+    pub app: AppState,
+    /// The effective configuration.
+    pub config: NodeConfig,
+    /// Identity, database, peer cache.
+    pub data_dir: PathBuf,
+    /// The HTTP API's bound address.
+    pub api_addr: SocketAddr,
+    /// When the node started.
+    pub started: Instant,
+    /// Fires on shutdown.
+    pub cancel: CancellationToken,
+}
+
+/// Handle to a running node (cheap to clone).
+#[derive(Clone)]
+pub struct Node(Arc<NodeInner>);
+
+impl std::ops::Deref for Node {
+    type Target = NodeInner;
+    fn deref(&self) -> &NodeInner {
+        &self.0
+    }
+}
+
+impl Node {
+    /// Starts everything; the API serves until [`Node::shutdown`].
+    pub async fn start(config: NodeConfig, opts: StartOptions) -> anyhow::Result<Self> {
+        let data_dir = config
+            .node
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| opts.home.join("node"));
+        std::fs::create_dir_all(&data_dir)
+            .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+        let (secret, origin) = resolve_secret(
+            &data_dir,
+            opts.join.as_ref(),
+            config.network.swarm_secret.as_deref(),
+        )?;
+        if origin == SecretOrigin::Created {
+            eprintln!("started a new swarm (run `starling invite` to let another node join)");
+        }
+
+        // Models first: a node that cannot serve its model should fail before joining.
+        let app = {
+            let home = opts.home.clone();
+            let model = model_args(&config);
+            let embedding = Some(config.models.embedding.clone()).filter(|s| !s.trim().is_empty());
+            let api_config = ApiConfig {
+                max_inflight: config.api.max_inflight,
+                loopback_hosts_only: config.api.listen.ip().is_loopback(),
+                ..ApiConfig::default()
+            };
+            tokio::task::spawn_blocking(move || {
+                crate::commands::serve::build_state(&home, &model, embedding.as_deref(), api_config)
+            })
+            .await
+            .context("model loading panicked")??
+        };
+
+        let mut sc = SwarmConfig::new(&data_dir, secret);
+        sc.name = config.node_name();
+        sc.listen = config.network.listen;
+        sc.advertise = config.network.advertise;
+        sc.mdns = config.network.mdns;
+        sc.membership = config.network.membership.into();
+        let mut bootstrap: Vec<BootstrapPeer> = config
+            .bootstrap_peers()
+            .map_err(|e| anyhow::anyhow!("network.bootstrap: {e}"))?;
+        if let Some(code) = &opts.join {
+            bootstrap.extend(code.bootstrap_peers());
+        }
+        sc.bootstrap = bootstrap;
+        let allow = config
+            .allowlist()
+            .map_err(|e| anyhow::anyhow!("network.allowlist: {e}"))?;
+        if !allow.is_empty() {
+            sc.allowlist = Some(allow.into_iter().collect());
+        }
+        let store = Arc::new(
+            starling_discovery::SqliteRecordStore::in_dir(&data_dir)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        );
+        let cache = Arc::new(starling_discovery::discover::FilePeerCache::in_dir(
+            &data_dir,
+        ));
+        let swarm = Swarm::start_with(sc, store, cache)
+            .await
+            .context("cannot start the swarm")?;
+
+        let listener = TcpListener::bind(config.api.listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} for the HTTP API (is another node running? use --api to pick another address)",
+                    config.api.listen
+                )
+            })?;
+        let api_addr = listener.local_addr()?;
+        let cancel = CancellationToken::new();
+        let node = Node(Arc::new(NodeInner {
+            swarm,
+            app: app.clone(),
+            config,
+            data_dir,
+            api_addr,
+            started: Instant::now(),
+            cancel: cancel.clone(),
+        }));
+        let routes = api::router_with(app.clone(), crate::api::node::router(node.clone()));
+        let api_cancel = cancel.clone();
+        tokio::spawn(async move {
+            if let Err(e) = api::serve_router_on(listener, app, routes, api_cancel).await {
+                tracing::error!(error = %e, "HTTP API stopped");
+            }
+        });
+        Ok(node)
+    }
+
+    /// Leaves the swarm and stops the API.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.swarm.shutdown().await;
+    }
+}
+
+/// The model arguments a config describes (shared with `serve`'s loader).
+pub fn model_args(config: &NodeConfig) -> ModelArgs {
+    ModelArgs {
+        model: config.models.chat.clone(),
+        requantize: config.models.requantize.clone(),
+        ctx: config.models.context,
+        threads: config.models.threads,
+        device: starling_models::engine::DeviceKind::Cpu,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_is_created_once_then_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, o) = resolve_secret(dir.path(), None, None).unwrap();
+        assert_eq!(o, SecretOrigin::Created);
+        let (b, o) = resolve_secret(dir.path(), None, None).unwrap();
+        assert_eq!(o, SecretOrigin::Stored);
+        assert_eq!(a.to_string(), b.to_string());
+        let other = SwarmSecret::generate();
+        let (c, o) = resolve_secret(dir.path(), None, Some(&other.to_string())).unwrap();
+        assert_eq!(o, SecretOrigin::Configured);
+        assert_eq!(c.to_string(), other.to_string());
+        let (d, _) = resolve_secret(dir.path(), None, None).unwrap();
+        assert_eq!(
+            d.to_string(),
+            other.to_string(),
+            "a configured secret is kept"
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join(SECRET_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "secret readable by others: {mode:o}");
+        }
+    }
+
+    #[test]
+    fn damaged_secret_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(SECRET_FILE), "garbage").unwrap();
+        let e = resolve_secret(dir.path(), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(SECRET_FILE), "{e}");
+        assert!(resolve_secret(dir.path(), None, Some("short")).is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! `starling up`, `peers` and `invite` as a person uses them: separate processes on
+//! loopback (no mDNS), talking through the node API. Uses a tiny model the test writes.
+
+mod api_support;
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use api_support::write_tiny_llama;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_starling");
+
+fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("udp port")
+}
+
+fn free_tcp() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("tcp port")
+}
+
+struct Up {
+    child: Child,
+    api: SocketAddr,
+    quic: SocketAddr,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn up(home: &Path, data: &Path, model: &Path, name: &str, extra: &[String]) -> Up {
+    let api = free_tcp();
+    let quic = free_udp();
+    let child = Command::new(BIN)
+        .args(["--home", home.to_str().unwrap_or_default(), "up"])
+        .args(["--data-dir", data.to_str().unwrap_or_default()])
+        .args(["--name", name, "--no-mdns", "--embedding-model", "none"])
+        .args(["--model", model.to_str().unwrap_or_default(), "--json"])
+        .args(["--listen", &quic.to_string(), "--api", &api.to_string()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn starling up");
+    Up { child, api, quic }
+}
+
+fn cli(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run starling")
+}
+
+/// Polls `starling peers --json` on `api` until `want` alive peers are listed.
+fn wait_peers(api: SocketAddr, want: usize) -> Vec<Value> {
+    let t = Instant::now();
+    loop {
+        let out = cli(&["peers", "--api", &api.to_string(), "--json"]);
+        if out.status.success() {
+            let v: Vec<Value> = serde_json::from_slice(&out.stdout).expect("peers JSON");
+            if v.iter().filter(|p| p["state"] == "alive").count() >= want {
+                return v;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{api}: no {want} alive peers: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn two_nodes_by_hand_find_each_other_and_rejoin_from_cache() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = write_tiny_llama(dir.path(), "tiny", 256);
+    let home = dir.path().join("home");
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+
+    let a = up(&home, &da, &model, "alice", &[]);
+    // The second node needs the first one's secret: ask it, like a script would.
+    let secret = {
+        let t = Instant::now();
+        loop {
+            let out = cli(&["invite", "--api", &a.api.to_string(), "--secret"]);
+            if out.status.success() {
+                break String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "node a never answered"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut b = up(
+        &home,
+        &db,
+        &model,
+        "bob",
+        &[
+            "--bootstrap".into(),
+            a.quic.to_string(),
+            "--swarm-secret".into(),
+            secret.clone(),
+        ],
+    );
+    let pa = wait_peers(a.api, 1);
+    let pb = wait_peers(b.api, 1);
+    assert_eq!(pa[0]["name"], "bob");
+    assert_eq!(pb[0]["name"], "alice");
+    assert_eq!(pb[0]["addr"], a.quic.to_string());
+
+    // Human-readable output lists the peer too.
+    let out = cli(&["peers", "--api", &a.api.to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("bob") && text.contains("alive"), "{text}");
+
+    // A join code carries secret + address: a third node joins with it alone.
+    let out = cli(&["invite", "--api", &a.api.to_string(), "--json"]);
+    let inv: Value = serde_json::from_slice(&out.stdout).expect("invite JSON");
+    let code = inv["code"].as_str().expect("code").to_owned();
+    let c = up(
+        &home,
+        &dir.path().join("c"),
+        &model,
+        "carol",
+        &["--join".into(), code],
+    );
+    wait_peers(c.api, 2);
+    drop(c);
+
+    // Restart b with no bootstrap and no secret flag: the stored secret and the peer
+    // cache bring it back to a.
+    let _ = b.child.kill();
+    let _ = b.child.wait();
+    let b2 = up(&home, &db, &model, "bob", &[]);
+    let peers = wait_peers(b2.api, 1);
+    assert!(peers
+        .iter()
+        .any(|p| p["name"] == "alice" && p["state"] == "alive"));
+    drop(b);
+}
+
+#[test]
+fn bad_config_and_no_node_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[agent]\nmax_turns = \"many\"\n").expect("write");
+    let out = cli(&["up", "--config", cfg.to_str().unwrap_or_default()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_turns"), "{err}");
+
+    let nobody = free_tcp();
+    let out = cli(&["peers", "--api", &nobody.to_string()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("starling up"), "{err}");
+}
