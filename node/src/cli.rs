@@ -58,6 +58,13 @@ pub enum Command {
     ///   starling serve --api 127.0.0.1:8080 --model ./my-finetune.gguf --no-embeddings
     #[command(verbatim_doc_comment)]
     Serve(commands::serve::ServeArgs),
+    /// Offline evaluations: team-formation retrieval and its synthetic benchmark.
+    ///
+    /// Examples:
+    ///   starling eval synth-team --cards 1200 --tasks 500 --seed 1 --out tasks.jsonl
+    ///   starling eval team-formation --data tasks.jsonl
+    #[command(subcommand, verbatim_doc_comment)]
+    Eval(commands::eval::EvalCommand),
     /// Run a node: join (or start) a swarm, serve the models, the node API and dashboard.
     ///
     /// Examples:
@@ -83,6 +90,29 @@ pub enum Command {
     ///   starling invite --secret        (just the secret, for --swarm-secret)
     #[command(verbatim_doc_comment)]
     Invite(commands::peers::InviteArgs),
+    /// Give the local node a task: it forms a team (or works alone), and you watch the
+    /// group chat live until the conclusion.
+    ///
+    /// Examples:
+    ///   starling task "Which day does the supply shuttle dock at Lumen station?"
+    ///   starling task --api 127.0.0.1:7432 --json "..."
+    #[command(verbatim_doc_comment)]
+    Task(commands::task::TaskArgs),
+    /// Three local nodes with different personas and documents solve a task together.
+    ///
+    /// Examples:
+    ///   starling demo
+    ///   starling demo --keep-running          (then open the dashboard it prints)
+    ///   starling demo --json > demo.jsonl
+    #[command(verbatim_doc_comment)]
+    Demo(commands::demo::DemoArgs),
+    /// Answer as the person behind a human-proxy node (`agent.kind = "human"`).
+    ///
+    /// Examples:
+    ///   starling reply                         (list the open questions)
+    ///   starling reply h1a2b3c4d "Use the north greenhouse."
+    #[command(verbatim_doc_comment)]
+    Reply(commands::task::ReplyArgs),
 }
 
 /// `starling models ...`
@@ -148,8 +178,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(a) => commands::bench::run(&home, a),
         Command::Embed(a) => commands::embed::run(&home, a),
         Command::Serve(a) => commands::serve::run(&home, a),
+        Command::Eval(c) => commands::eval::run(&home, c),
         Command::Up(a) => commands::up::run(&home, a),
         Command::Peers(a) => commands::peers::peers(a),
         Command::Invite(a) => commands::peers::invite(a),
+        Command::Task(a) => commands::task::run(a),
+        Command::Demo(a) => commands::demo::run(&home, a),
+        Command::Reply(a) => commands::task::reply(a),
     }
 }

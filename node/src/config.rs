@@ -192,6 +192,77 @@ pub struct AgentSection {
     pub max_depth: u32,
     /// Seconds a member has to answer before it loses its turn.
     pub turn_timeout_secs: u64,
+    /// External agents this node integrates as tools (`[[agent.external]]`): a command or an
+    /// HTTP endpoint that takes a task and returns a result.
+    pub external: Vec<ExternalAgentConfig>,
+    /// For `kind = "human"`: when the person is asked (`always`: every turn and task;
+    /// `conclusion`: only when the chat must conclude; `never`: the model answers for them).
+    pub human_input: HumanInput,
+    /// Seconds to wait for the person before the fallback applies.
+    pub human_timeout_secs: u64,
+    /// What happens when the person does not answer in time: `model` (the node's model
+    /// answers) or `skip` (the turn is lost / the task fails).
+    pub human_fallback: HumanFallback,
+}
+
+/// When a human proxy asks its person (AutoGen's `human_input_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HumanInput {
+    /// Every turn and every task.
+    #[default]
+    Always,
+    /// Only for the conclusion.
+    Conclusion,
+    /// Never: the model answers.
+    Never,
+}
+
+/// What a human proxy does when its person does not answer in time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HumanFallback {
+    /// The node's model answers.
+    #[default]
+    Model,
+    /// Nobody answers: the turn is lost or the task fails.
+    Skip,
+}
+
+/// `[[agent.external]]`: an external agent reached by a command or an HTTP endpoint.
+///
+/// Protocol: the task is sent as JSON `{"task_id", "description", "context"}` (on the
+/// command's stdin, or as the body of a POST); the answer is `{"result": "...", "ok": true}`
+/// or plain text (on stdout, or as the response body).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalAgentConfig {
+    /// Tool name (lowercase letters, digits, `_`, `-`; unique; not a built-in tool's).
+    pub name: String,
+    /// What it does (shown to the model choosing tools).
+    #[serde(default)]
+    pub description: String,
+    /// Program and arguments, run without a shell. A relative program path containing `/`
+    /// is relative to the config file.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// `http://` or `https://` endpoint taking the task by POST.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Seconds before the call is abandoned (and the command killed).
+    #[serde(default = "default_external_timeout")]
+    pub timeout_secs: u64,
+    /// Largest answer accepted, in bytes.
+    #[serde(default = "default_external_max_output")]
+    pub max_output_bytes: usize,
+}
+
+fn default_external_timeout() -> u64 {
+    60
+}
+
+fn default_external_max_output() -> usize {
+    64 * 1024
 }
 
 impl Default for AgentSection {
@@ -205,6 +276,10 @@ impl Default for AgentSection {
             max_turns: 12,
             max_depth: 2,
             turn_timeout_secs: 120,
+            external: Vec::new(),
+            human_input: HumanInput::Always,
+            human_timeout_secs: 300,
+            human_fallback: HumanFallback::Model,
         }
     }
 }
@@ -256,6 +331,14 @@ impl NodeConfig {
         {
             if p.is_relative() {
                 *p = base.join(&*p);
+            }
+        }
+        for ext in &mut self.agent.external {
+            if let Some(program) = ext.command.as_mut().and_then(|c| c.first_mut()) {
+                let path = Path::new(program.as_str());
+                if path.is_relative() && program.contains('/') {
+                    *program = base.join(path).to_string_lossy().into_owned();
+                }
             }
         }
     }
@@ -323,8 +406,23 @@ impl NodeConfig {
         if self.agent.max_depth > 5 {
             return invalid("agent.max_depth", "must be at most 5");
         }
+        if self.agent.human_timeout_secs == 0 {
+            return invalid("agent.human_timeout_secs", "must be at least 1");
+        }
         if self.agent.turn_timeout_secs == 0 {
             return invalid("agent.turn_timeout_secs", "must be at least 1");
+        }
+        let mut names = std::collections::HashSet::new();
+        for ext in &self.agent.external {
+            if let Err(problem) = ext.check() {
+                return invalid("agent.external", &problem);
+            }
+            if !names.insert(ext.name.as_str()) {
+                return invalid(
+                    "agent.external",
+                    &format!("names `{}` more than once", ext.name),
+                );
+            }
         }
         Ok(())
     }
@@ -364,6 +462,64 @@ impl NodeConfig {
 
 /// Built-in tools a node can offer.
 pub const KNOWN_TOOLS: &[&str] = &["search_docs", "calculator"];
+
+/// Names no external agent may take: the built-in tools and the executor's `answer`.
+const RESERVED_TOOL_NAMES: &[&str] = &["search_docs", "calculator", "answer"];
+
+impl ExternalAgentConfig {
+    /// Checks one entry; the message names the entry and what is wrong.
+    fn check(&self) -> Result<(), String> {
+        let name = &self.name;
+        let valid_name = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !valid_name {
+            return Err(format!(
+                "entry `{name}`: name must be 1 to 32 lowercase letters, digits, `_` or `-`"
+            ));
+        }
+        if RESERVED_TOOL_NAMES.contains(&name.as_str()) {
+            return Err(format!(
+                "entry `{name}`: name is reserved for a built-in tool"
+            ));
+        }
+        match (&self.command, &self.url) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(format!(
+                    "entry `{name}`: needs exactly one of `command` and `url`"
+                ))
+            }
+            (Some(cmd), None) => {
+                if cmd.first().is_none_or(|p| p.trim().is_empty()) {
+                    return Err(format!("entry `{name}`: `command` needs a program"));
+                }
+            }
+            (None, Some(url)) => {
+                let rest = url
+                    .strip_prefix("http://")
+                    .or_else(|| url.strip_prefix("https://"));
+                if rest.is_none_or(|r| r.is_empty()) {
+                    return Err(format!(
+                        "entry `{name}`: `url` must be an http:// or https:// address"
+                    ));
+                }
+            }
+        }
+        if !(1..=3600).contains(&self.timeout_secs) {
+            return Err(format!(
+                "entry `{name}`: `timeout_secs` must be between 1 and 3600"
+            ));
+        }
+        if !(1..=16 << 20).contains(&self.max_output_bytes) {
+            return Err(format!(
+                "entry `{name}`: `max_output_bytes` must be between 1 and 16 MiB"
+            ));
+        }
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -428,18 +584,101 @@ mod tests {
     }
 
     #[test]
+    fn external_agents_parse_and_validate() {
+        let c = NodeConfig::parse(
+            r#"
+            [[agent.external]]
+            name = "summariser"
+            description = "Summarises text."
+            command = ["python3", "summarise.py"]
+            [[agent.external]]
+            name = "web-lookup"
+            url = "http://127.0.0.1:9000/run"
+            timeout_secs = 5
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.agent.external.len(), 2);
+        assert_eq!(c.agent.external[0].timeout_secs, 60);
+        assert_eq!(c.agent.external[0].max_output_bytes, 64 * 1024);
+        assert_eq!(
+            c.agent.external[1].url.as_deref(),
+            Some("http://127.0.0.1:9000/run")
+        );
+
+        let cases = [
+            ("name = \"x\"", "exactly one of"),
+            (
+                "name = \"x\"\ncommand = [\"a\"]\nurl = \"http://h\"",
+                "exactly one of",
+            ),
+            ("name = \"Bad Name\"\ncommand = [\"a\"]", "lowercase"),
+            ("name = \"calculator\"\ncommand = [\"a\"]", "reserved"),
+            ("name = \"x\"\ncommand = []", "needs a program"),
+            ("name = \"x\"\nurl = \"ftp://h\"", "http://"),
+            (
+                "name = \"x\"\ncommand = [\"a\"]\ntimeout_secs = 0",
+                "timeout_secs",
+            ),
+            (
+                "name = \"x\"\ncommand = [\"a\"]\nmax_output_bytes = 0",
+                "max_output_bytes",
+            ),
+            ("name = \"x\"\ncommand = [\"a\"]\nfoo = 1", "foo"),
+        ];
+        for (entry, needle) in cases {
+            let text = format!("[[agent.external]]\n{entry}\n");
+            let e = NodeConfig::parse(&text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{entry:?}: {e}");
+            if !needle.contains("foo") {
+                assert!(e.contains("agent.external"), "{entry:?}: {e}");
+            }
+        }
+        let dup = "[[agent.external]]\nname = \"x\"\ncommand = [\"a\"]\n\
+                   [[agent.external]]\nname = \"x\"\nurl = \"http://h\"\n";
+        let e = NodeConfig::parse(dup).unwrap_err().to_string();
+        assert!(e.contains("more than once"), "{e}");
+    }
+
+    #[test]
     fn relative_paths_follow_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("n.toml");
         std::fs::write(
             &path,
-            "[node]\ndata_dir = \"data\"\n[agent]\ndocs = \"docs\"\n",
+            "[node]\ndata_dir = \"data\"\n[agent]\ndocs = \"docs\"\n\
+             [[agent.external]]\nname = \"a\"\ncommand = [\"./bin/agent\", \"./x\"]\n\
+             [[agent.external]]\nname = \"b\"\ncommand = [\"python3\"]\n",
         )
         .unwrap();
         let c = NodeConfig::load(&path).unwrap();
         assert_eq!(c.node.data_dir.unwrap(), dir.path().join("data"));
         assert_eq!(c.agent.docs.unwrap(), dir.path().join("docs"));
+        let a = c.agent.external[0].command.as_ref().unwrap();
+        assert_eq!(a[0], dir.path().join("./bin/agent").to_string_lossy());
+        assert_eq!(a[1], "./x", "only the program is resolved");
+        assert_eq!(c.agent.external[1].command.as_ref().unwrap()[0], "python3");
         let e = NodeConfig::load(&dir.path().join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
+    }
+
+    #[test]
+    fn example_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let c = NodeConfig::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                if let Some(d) = &c.agent.docs {
+                    assert!(d.is_dir(), "{}: docs {} missing", p.display(), d.display());
+                }
+                n += 1;
+            }
+        }
+        assert!(n >= 4, "only {n} example configs");
+        // The documented defaults are the real defaults.
+        let all = NodeConfig::load(&dir.join("node.toml")).unwrap();
+        assert_eq!(all, NodeConfig::default());
     }
 }

@@ -15,9 +15,17 @@ use starling_discovery::{BootstrapPeer, JoinCode, Swarm, SwarmConfig, SwarmSecre
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use starling_models::embed::EmbedHandle;
+use starling_models::engine::ModelSlot;
+
+use crate::agent::executor::Executor;
+use crate::agent::llm::Llm;
+use crate::agent::runtime::{Agent, AgentOptions};
+use crate::agent::tools::ToolBox;
 use crate::api::{self, ApiConfig, AppState};
 use crate::cli::ModelArgs;
 use crate::config::NodeConfig;
+use crate::store::Store;
 
 /// File in the data dir holding the swarm secret (base32, owner-readable only).
 pub const SECRET_FILE: &str = "swarm.secret";
@@ -99,12 +107,28 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 /// Everything `starling up` needs besides the config file.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct StartOptions {
     /// A join code given with `--join`.
     pub join: Option<JoinCode>,
     /// Where the model cache lives (`--home` / `$STARLING_HOME`).
     pub home: PathBuf,
+    /// Models already loaded (several nodes in one process, as `starling demo` runs them,
+    /// share one copy); `None` loads what the config names.
+    pub models: Option<SharedModels>,
+    /// Keep the group chat's repetition guard on (default true; off only to measure it).
+    pub no_repetition_guard: bool,
+}
+
+/// Loaded models that several in-process nodes can share.
+#[derive(Clone)]
+pub struct SharedModels {
+    /// The chat model.
+    pub chat: ModelSlot,
+    /// Names it also answers to.
+    pub aliases: Vec<String>,
+    /// The embedding model, if any.
+    pub embedder: Option<EmbedHandle>,
 }
 
 /// What a running node shares with its API handlers and agent runtime.
@@ -113,6 +137,8 @@ pub struct NodeInner {
     pub swarm: Swarm,
     /// The served models and API counters.
     pub app: AppState,
+    /// The agent runtime.
+    pub agent: Agent,
     /// The effective configuration.
     pub config: NodeConfig,
     /// Identity, database, peer cache.
@@ -156,21 +182,38 @@ impl Node {
         }
 
         // Models first: a node that cannot serve its model should fail before joining.
-        let app = {
-            let home = opts.home.clone();
-            let model = model_args(&config);
-            let embedding = Some(config.models.embedding.clone()).filter(|s| !s.trim().is_empty());
-            let api_config = ApiConfig {
-                max_inflight: config.api.max_inflight,
-                loopback_hosts_only: config.api.listen.ip().is_loopback(),
-                ..ApiConfig::default()
-            };
-            tokio::task::spawn_blocking(move || {
-                crate::commands::serve::build_state(&home, &model, embedding.as_deref(), api_config)
-            })
-            .await
-            .context("model loading panicked")??
+        let api_config = ApiConfig {
+            max_inflight: config.api.max_inflight,
+            loopback_hosts_only: config.api.listen.ip().is_loopback(),
+            ..ApiConfig::default()
         };
+        let app = match &opts.models {
+            Some(m) => {
+                let app = AppState::new(api_config)
+                    .with_chat_model_named(m.chat.clone(), m.aliases.clone());
+                app.set_embedder(m.embedder.clone());
+                app
+            }
+            None => {
+                let home = opts.home.clone();
+                let model = model_args(&config);
+                let embedding =
+                    Some(config.models.embedding.clone()).filter(|s| !s.trim().is_empty());
+                tokio::task::spawn_blocking(move || {
+                    crate::commands::serve::build_state(
+                        &home,
+                        &model,
+                        embedding.as_deref(),
+                        api_config,
+                    )
+                })
+                .await
+                .context("model loading panicked")??
+            }
+        };
+        let node_store =
+            Store::open(data_dir.join("node.db")).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let tools = ToolBox::from_config(&config.agent).map_err(|e| anyhow::anyhow!("{e}"))?;
 
         let mut sc = SwarmConfig::new(&data_dir, secret);
         sc.name = config.node_name();
@@ -202,6 +245,27 @@ impl Node {
             .await
             .context("cannot start the swarm")?;
 
+        let cancel = CancellationToken::new();
+        let slot = app
+            .chat_slot()
+            .ok_or_else(|| anyhow::anyhow!("no chat model loaded"))?;
+        let model_id = slot.current().info().id.clone();
+        let llm = Llm::new(slot);
+        let agent = Agent::start(
+            swarm.clone(),
+            config.clone(),
+            llm.clone(),
+            app.embedder(),
+            Executor::new(llm, tools),
+            node_store,
+            vec![model_id],
+            AgentOptions {
+                repetition_guard: !opts.no_repetition_guard,
+            },
+            cancel.clone(),
+        )
+        .await?;
+
         let listener = TcpListener::bind(config.api.listen)
             .await
             .with_context(|| {
@@ -211,10 +275,10 @@ impl Node {
                 )
             })?;
         let api_addr = listener.local_addr()?;
-        let cancel = CancellationToken::new();
         let node = Node(Arc::new(NodeInner {
             swarm,
             app: app.clone(),
+            agent,
             config,
             data_dir,
             api_addr,

@@ -3,14 +3,26 @@
 //! through these routes. Bodies are this module's own serde types, so internal types can
 //! change without changing the wire.
 
-use axum::extract::{FromRef, State};
-use axum::routing::get;
+use std::convert::Infallible;
+
+use axum::extract::{FromRef, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::Stream;
 use serde::{Deserialize, Serialize};
 use starling_discovery::{PeerInfo, PeerState};
 
+use super::error::ApiError;
+use super::extract::ApiJson;
 use super::state::AppState;
+use crate::agent::card::{CardHit, KnownCard};
+use crate::agent::chat::{Message, Task};
+use crate::agent::runtime::{new_group_id, GroupBody};
 use crate::daemon::Node;
+use crate::store::GroupRecord;
 
 /// State of the node routes: the node, plus the API state the shared extractors need.
 #[derive(Clone)]
@@ -28,9 +40,17 @@ impl FromRef<NodeApi> for AppState {
 /// The node routes, ready to merge with [`super::router_with`].
 pub fn router(node: Node) -> Router {
     Router::new()
+        .route("/", get(dashboard))
         .route("/api/node", get(node_info))
         .route("/api/peers", get(peers))
         .route("/api/invite", get(invite))
+        .route("/api/cards", get(cards))
+        .route("/api/tasks", post(submit_task))
+        .route("/api/groups", get(groups))
+        .route("/api/groups/{id}", get(group))
+        .route("/api/events", get(events))
+        .route("/api/human", get(human_pending))
+        .route("/api/human/{id}", post(human_answer))
         .with_state(NodeApi { node })
 }
 
@@ -133,4 +153,245 @@ async fn invite(State(s): State<NodeApi>) -> Json<InviteBody> {
         secret: code.secret.to_string(),
         bootstrap: format!("{}@{}", code.node_id, s.node.swarm.advertised_addr()),
     })
+}
+
+/// `GET /api/cards?q=...&k=...`: every known card, or the best matches for `q`.
+#[derive(Debug, Deserialize)]
+pub struct CardQuery {
+    /// Search text; absent lists all cards.
+    pub q: Option<String>,
+    /// Most results (default 10, at most 100).
+    pub k: Option<usize>,
+}
+
+/// `GET /api/cards` answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CardsBody {
+    /// Search results.
+    Hits(Vec<CardHit>),
+    /// All cards.
+    All(Vec<KnownCard>),
+}
+
+async fn cards(
+    State(s): State<NodeApi>,
+    Query(q): Query<CardQuery>,
+) -> Result<Json<CardsBody>, ApiError> {
+    let k = q.k.unwrap_or(10);
+    if k == 0 || k > 100 {
+        return Err(ApiError::invalid_param("k", "k must be between 1 and 100"));
+    }
+    match q.q.as_deref().map(str::trim) {
+        Some(text) if !text.is_empty() => {
+            if text.len() > 2000 {
+                return Err(ApiError::invalid_param("q", "query longer than 2000 bytes"));
+            }
+            Ok(Json(CardsBody::Hits(
+                s.node.agent.search_cards(text, k).await,
+            )))
+        }
+        _ => Ok(Json(CardsBody::All(s.node.agent.known_cards()))),
+    }
+}
+
+/// `POST /api/tasks` body.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitTask {
+    /// What to do.
+    pub task: String,
+    /// Answer only when the task is done (with its result) instead of at once.
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// `POST /api/tasks` answer when not waiting.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Submitted {
+    /// The group carrying the task: follow it on `/api/events` or `/api/groups/{id}`.
+    pub group_id: String,
+}
+
+async fn submit_task(
+    State(s): State<NodeApi>,
+    ApiJson(body): ApiJson<SubmitTask>,
+) -> Result<Response, ApiError> {
+    let task = body.task.trim().to_owned();
+    if task.is_empty() {
+        return Err(ApiError::invalid_param("task", "the task is empty"));
+    }
+    if task.chars().count() > 4000 {
+        return Err(ApiError::invalid_param(
+            "task",
+            "the task is longer than 4000 characters",
+        ));
+    }
+    let group_id = new_group_id();
+    let agent = s.node.agent.clone();
+    if body.wait {
+        let r = agent
+            .submit_as(&task, group_id)
+            .await
+            .map_err(|e| ApiError::internal(format!("the task failed: {e}")))?;
+        return Ok(Json(r).into_response());
+    }
+    let gid = group_id.clone();
+    tokio::spawn(async move {
+        if let Err(e) = agent.submit_as(&task, gid.clone()).await {
+            tracing::warn!(group = %gid, error = %e, "task failed");
+        }
+    });
+    Ok((StatusCode::ACCEPTED, Json(Submitted { group_id })).into_response())
+}
+
+/// A group as the API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GroupView {
+    /// Id.
+    pub group_id: String,
+    /// Parent group, for sub-teams.
+    pub parent_group_id: Option<String>,
+    /// Goal.
+    pub goal: String,
+    /// Chat state.
+    pub state: String,
+    /// Created (Unix ms).
+    pub created_at: i64,
+    /// Details (members, turns, conclusion), when this node hosted it.
+    pub details: Option<GroupBody>,
+}
+
+fn view(g: GroupRecord<serde_json::Value>) -> GroupView {
+    GroupView {
+        group_id: g.group_id,
+        parent_group_id: g.parent_group_id,
+        goal: g.goal,
+        state: g.state,
+        created_at: g.created_at,
+        details: serde_json::from_value(g.body).ok(),
+    }
+}
+
+async fn groups(State(s): State<NodeApi>) -> Result<Json<Vec<GroupView>>, ApiError> {
+    let gs = s
+        .node
+        .agent
+        .store()
+        .groups::<serde_json::Value>(200)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(gs.into_iter().map(view).collect()))
+}
+
+/// `GET /api/groups/{id}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GroupDetail {
+    /// The group.
+    pub group: GroupView,
+    /// Its messages, in order.
+    pub messages: Vec<Message>,
+    /// Its tasks.
+    pub tasks: Vec<Task>,
+}
+
+async fn group(
+    State(s): State<NodeApi>,
+    Path(id): Path<String>,
+) -> Result<Json<GroupDetail>, ApiError> {
+    let store = s.node.agent.store();
+    let g = store
+        .group::<serde_json::Value>(&id)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .ok_or_else(|| ApiError::not_found(format!("no group `{id}` on this node")))?;
+    let messages = store
+        .messages::<Message>(&id)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    let tasks = store
+        .tasks_in_group::<Task>(&id)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .into_iter()
+        .map(|t| t.body)
+        .collect();
+    Ok(Json(GroupDetail {
+        group: view(g),
+        messages,
+        tasks,
+    }))
+}
+
+/// `GET /api/events`: server-sent events, one JSON [`crate::agent::runtime::AgentEvent`]
+/// per `data:` line, event name = its `event` field.
+async fn events(State(s): State<NodeApi>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let rx = s.node.agent.events();
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        let e = match rx.recv().await {
+            Ok(ev) => {
+                let json = serde_json::to_value(&ev).unwrap_or_default();
+                let name = json["event"].as_str().unwrap_or("event").to_owned();
+                Event::default().event(name).data(json.to_string())
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => Event::default()
+                .event("lagged")
+                .data(format!("{{\"event\":\"lagged\",\"missed\":{n}}}")),
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok(e), rx))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// The dashboard page (embedded in the binary; no build step).
+const DASHBOARD: &str = include_str!("../../assets/dashboard.html");
+
+async fn dashboard() -> impl IntoResponse {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        DASHBOARD,
+    )
+}
+
+async fn human_pending(State(s): State<NodeApi>) -> Json<Vec<crate::agent::runtime::HumanRequest>> {
+    Json(s.node.agent.pending_human())
+}
+
+/// `POST /api/human/{id}` body.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HumanAnswer {
+    /// The person's answer.
+    pub answer: String,
+}
+
+async fn human_answer(
+    State(s): State<NodeApi>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<HumanAnswer>,
+) -> Result<StatusCode, ApiError> {
+    let answer = body.answer.trim().to_owned();
+    if answer.is_empty() {
+        return Err(ApiError::invalid_param("answer", "the answer is empty"));
+    }
+    if answer.chars().count() > 4000 {
+        return Err(ApiError::invalid_param(
+            "answer",
+            "the answer is longer than 4000 characters",
+        ));
+    }
+    if s.node.agent.answer_human(&id, answer) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!(
+            "no open question `{id}` (answered or timed out?)"
+        )))
+    }
 }

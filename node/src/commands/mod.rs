@@ -2,11 +2,14 @@
 
 pub mod bench;
 pub mod client;
+pub mod demo;
 pub mod embed;
+pub mod eval;
 pub mod generate;
 pub mod models;
 pub mod peers;
 pub mod serve;
+pub mod task;
 pub mod up;
 
 use std::path::{Path, PathBuf};

@@ -124,6 +124,7 @@ pub fn run(home: &Path, args: UpArgs) -> anyhow::Result<()> {
             StartOptions {
                 join,
                 home: home.to_path_buf(),
+                ..StartOptions::default()
             },
         )
         .await?;

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Team-formation retrieval benchmark: generates the synthetic benchmark for two seeds with
+# `starling eval synth-team` and scores the node's hybrid search on each with
+# `starling eval team-formation` (real all-MiniLM-L6-v2 embeddings, BM25 and cosine alone for
+# comparison). Generated files go to $OUT (default: a temporary directory); nothing is
+# committed.
+#
+# Usage: benches/team_formation/run.sh [--json]   (STARLING=path/to/starling to skip building)
+set -euo pipefail
+
+CARDS=${CARDS:-1200}
+TASKS=${TASKS:-500}
+SEEDS=${SEEDS:-"1 2"}
+OUT=${OUT:-$(mktemp -d)}
+cd "$(dirname "$0")/../.."
+if [[ -z "${STARLING:-}" ]]; then
+  cargo build --release -p starling-node --bin starling
+  STARLING=target/release/starling
+fi
+for seed in $SEEDS; do
+  data="$OUT/team-formation-c${CARDS}-t${TASKS}-s${seed}.jsonl"
+  "$STARLING" eval synth-team --cards "$CARDS" --tasks "$TASKS" --seed "$seed" --out "$data"
+  "$STARLING" eval team-formation --data "$data" "$@"
+done

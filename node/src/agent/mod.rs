@@ -1,0 +1,10 @@
+//! The agent runtime: team formation, group chat, tasks. The state machines here are sans-IO.
+
+pub mod card;
+pub mod chat;
+pub mod docs;
+pub mod executor;
+pub mod formation;
+pub mod llm;
+pub mod runtime;
+pub mod tools;

@@ -1,0 +1,1372 @@
+//! The agent runtime of a running node: wires the sans-IO pieces (team formation, the
+//! group-chat machine, the executor) to the swarm (cards, RPC, fan-out, membership), the
+//! model and the store.
+//!
+//! Decentralised hosting: the node that launches a group *hosts* its chat machine (no
+//! server anywhere else). It asks each speaker for its decision over RPC
+//! (`agent`/`speak`), hands tasks to assignees (`agent`/`task`), and sends every recorded
+//! message to all members (`agent`/`message`), who persist and show it. An assignee may
+//! host a sub-team for its task in turn, up to the group's `max_depth`.
+//!
+//! Everything that happens is published on an [`AgentEvent`] broadcast (the API's SSE
+//! stream and the dashboard read it) and persisted in the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use starling_discovery::{NodeId, Request, RpcError, RpcErrorCode, Swarm, SwarmEvent};
+use starling_models::chat::ChatMessage;
+use starling_models::embed::EmbedHandle;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::card::{AgentCard, CardBook, CardHit, CARD_KIND};
+use super::chat::{
+    ChatConfig, ChatState, Decision, DecisionType, Effect, GroupChat, Input, LaunchParams,
+    MemberRef, Message, Rejection, Task, TaskState,
+};
+use super::executor::{Executor, TaskSpec};
+use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
+use super::llm::Llm;
+use crate::config::{AgentKind, HumanFallback, HumanInput, NodeConfig};
+use crate::store::{GroupRecord, Store, TaskRecord};
+
+/// RPC service of the agent runtime.
+pub const SERVICE: &str = "agent";
+
+/// Something that happened, for the event stream.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum AgentEvent {
+    /// A peer came up.
+    PeerUp {
+        /// Node id.
+        node_id: String,
+        /// Name.
+        name: String,
+    },
+    /// A peer went down.
+    PeerDown {
+        /// Node id.
+        node_id: String,
+    },
+    /// A card was learned or updated.
+    Card {
+        /// Author.
+        node_id: String,
+        /// Name on the card.
+        name: String,
+    },
+    /// A submitted task is being worked on.
+    TaskSubmitted {
+        /// The group id that will carry it.
+        group_id: String,
+        /// The task text.
+        task: String,
+    },
+    /// Team formation finished.
+    TeamFormed {
+        /// The group id.
+        group_id: String,
+        /// Recruited member names (empty: working alone).
+        members: Vec<String>,
+        /// Tool calls the model made.
+        calls: usize,
+    },
+    /// A group chat started (hosted here or elsewhere).
+    GroupLaunched {
+        /// Group id.
+        group_id: String,
+        /// Parent group, for sub-teams.
+        parent: Option<String>,
+        /// Goal.
+        goal: String,
+        /// Member names.
+        members: Vec<String>,
+    },
+    /// A chat message.
+    Message {
+        /// The message.
+        message: Message,
+        /// Sender's name.
+        sender_name: String,
+    },
+    /// A task changed state.
+    TaskState {
+        /// Group id.
+        group_id: String,
+        /// Task id (within the group).
+        task_id: String,
+        /// Assignee name.
+        assignee: String,
+        /// New state.
+        state: TaskState,
+    },
+    /// A group concluded.
+    Concluded {
+        /// Group id.
+        group_id: String,
+        /// The conclusion.
+        conclusion: String,
+    },
+    /// A human proxy's person is asked for input (answer with `POST /api/human/{id}`).
+    HumanInputRequested {
+        /// Request id.
+        request_id: String,
+        /// Group it is about.
+        group_id: String,
+        /// `turn` or `task`.
+        kind: String,
+        /// What the person is asked.
+        prompt: String,
+    },
+    /// A human input request was answered or timed out.
+    HumanInputClosed {
+        /// Request id.
+        request_id: String,
+        /// Whether the person answered.
+        answered: bool,
+    },
+    /// A submitted task failed before it concluded.
+    TaskFailed {
+        /// The group id that carried it.
+        group_id: String,
+        /// What went wrong.
+        error: String,
+    },
+    /// A memory was added (own or received).
+    MemoryAdded {
+        /// Memory id.
+        id: String,
+        /// Domain.
+        domain: String,
+        /// Author node id.
+        author: String,
+    },
+}
+
+/// `agent`/`speak` request: the host asks a member for its decision.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpeakRequest {
+    /// Group.
+    pub group_id: String,
+    /// Goal.
+    pub goal: String,
+    /// Members.
+    pub members: Vec<MemberRef>,
+    /// Recent messages.
+    pub transcript: Vec<Message>,
+    /// Tasks so far.
+    pub tasks: Vec<Task>,
+    /// Turn number and limit.
+    pub turn: u32,
+    /// Turn limit.
+    pub max_turns: u32,
+    /// Types allowed.
+    pub allowed: Vec<DecisionType>,
+    /// Why the previous answer was refused.
+    pub retry: Option<String>,
+    /// JSON Schema the decision must match.
+    pub schema: serde_json::Value,
+}
+
+/// `agent`/`task` request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskRequest {
+    /// Group.
+    pub group_id: String,
+    /// Goal of the group.
+    pub goal: String,
+    /// The task.
+    pub task: Task,
+    /// Sub-team depth allowed, if any.
+    pub sub_team_depth: Option<u32>,
+    /// Max depth of the tree.
+    pub max_depth: u32,
+}
+
+/// `agent`/`task` reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskReply {
+    /// Success.
+    pub ok: bool,
+    /// Result or failure reason.
+    pub result: String,
+    /// Sub-team formed, if any.
+    pub child_group: Option<String>,
+}
+
+/// `agent`/`message` notification.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MessageNote {
+    /// Goal, so a member can show the group.
+    pub goal: String,
+    /// Sender name.
+    pub sender_name: String,
+    /// The message.
+    pub message: Message,
+}
+
+/// A finished task as `starling task` reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskResult {
+    /// Group id (also for work done alone).
+    pub group_id: String,
+    /// Members (names), the submitter first.
+    pub members: Vec<String>,
+    /// The conclusion.
+    pub conclusion: String,
+    /// Turns used.
+    pub turns: u32,
+    /// Tokens this node's model spent on it.
+    pub tokens: u64,
+}
+
+/// Why a task could not be run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The model failed.
+    #[error(transparent)]
+    Llm(#[from] super::llm::LlmError),
+    /// The executor failed.
+    #[error(transparent)]
+    Executor(#[from] super::executor::ExecutorError),
+    /// The group could not be launched.
+    #[error("cannot launch the group: {0}")]
+    Launch(#[from] super::chat::LaunchError),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+struct Inner {
+    swarm: Swarm,
+    me: String,
+    name: String,
+    config: NodeConfig,
+    llm: Llm,
+    embedder: Option<EmbedHandle>,
+    executor: Executor,
+    cards: Mutex<CardBook>,
+    store: Store,
+    events: broadcast::Sender<AgentEvent>,
+    names: Mutex<HashMap<String, String>>,
+    /// Open questions to this node's person (human proxies).
+    human: Mutex<HashMap<String, PendingHuman>>,
+    /// Disable the repetition guard (for measuring what it saves).
+    repetition_guard: bool,
+    cancel: CancellationToken,
+}
+
+struct PendingHuman {
+    info: HumanRequest,
+    reply: tokio::sync::oneshot::Sender<String>,
+}
+
+/// A question waiting for this node's person.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HumanRequest {
+    /// Request id.
+    pub request_id: String,
+    /// Group it is about.
+    pub group_id: String,
+    /// `turn` or `task`.
+    pub kind: String,
+    /// What the person is asked.
+    pub prompt: String,
+}
+
+/// The agent runtime handle (cheap to clone).
+#[derive(Clone)]
+pub struct Agent(Arc<Inner>);
+
+/// Options of [`Agent::start`].
+pub struct AgentOptions {
+    /// Keep the repetition guard on (default).
+    pub repetition_guard: bool,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        Self {
+            repetition_guard: true,
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn rpc_err(code: RpcErrorCode, e: impl std::fmt::Display) -> RpcError {
+    RpcError::new(code, e.to_string())
+}
+
+impl Agent {
+    /// Starts the runtime: publishes this node's card, loads known cards, registers the
+    /// RPC handlers and follows swarm events.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start(
+        swarm: Swarm,
+        config: NodeConfig,
+        llm: Llm,
+        embedder: Option<EmbedHandle>,
+        executor: Executor,
+        store: Store,
+        models: Vec<String>,
+        opts: AgentOptions,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let (events, _) = broadcast::channel(1024);
+        let dim = embedder.as_ref().map_or(0, |e| e.dim());
+        let agent = Agent(Arc::new(Inner {
+            me: swarm.node_id().to_string(),
+            name: swarm.name().to_owned(),
+            swarm: swarm.clone(),
+            config: config.clone(),
+            llm,
+            embedder,
+            executor,
+            cards: Mutex::new(CardBook::new(dim)),
+            store,
+            events,
+            names: Mutex::new(HashMap::new()),
+            human: Mutex::new(HashMap::new()),
+            repetition_guard: opts.repetition_guard,
+            cancel,
+        }));
+        // Every card we already have (persisted by the record store), then our own.
+        for r in swarm
+            .records(CARD_KIND)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+        {
+            agent.learn_card(&r).await;
+        }
+        let card = AgentCard::from_config(&config, models);
+        let current = agent.cards().get(&agent.0.me).map(|k| k.card.clone());
+        if current.as_ref() != Some(&card) {
+            let r = swarm
+                .publish(CARD_KIND, card.to_body())
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot publish the agent card: {e}"))?;
+            agent.learn_card(&r).await;
+        }
+        let a = agent.clone();
+        swarm.register_handler(SERVICE, move |req: Request| {
+            let a = a.clone();
+            async move { a.handle_rpc(req).await }
+        });
+        tokio::spawn(agent.clone().follow_swarm());
+        Ok(agent)
+    }
+
+    fn cards(&self) -> std::sync::MutexGuard<'_, CardBook> {
+        match self.0.cards.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.0.me
+    }
+
+    /// Subscribes to events.
+    pub fn events(&self) -> broadcast::Receiver<AgentEvent> {
+        self.0.events.subscribe()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.0.store
+    }
+
+    /// The model handle (token counters).
+    pub fn llm(&self) -> &Llm {
+        &self.0.llm
+    }
+
+    /// Every known card.
+    pub fn known_cards(&self) -> Vec<super::card::KnownCard> {
+        self.cards().all()
+    }
+
+    fn emit(&self, e: AgentEvent) {
+        let _ = self.0.events.send(e);
+    }
+
+    fn name_of(&self, id: &str) -> String {
+        if id == self.0.me {
+            return self.0.name.clone();
+        }
+        if let Some(n) = self.0.names.lock().ok().and_then(|m| m.get(id).cloned()) {
+            return n;
+        }
+        if let Some(c) = self.cards().get(id) {
+            return c.card.name.clone();
+        }
+        id.chars().take(10).collect()
+    }
+
+    async fn embed_one(&self, text: &str) -> Vec<f32> {
+        match &self.0.embedder {
+            Some(e) => match e.embed(vec![text.to_owned()]).await {
+                Ok(mut v) => v.pop().unwrap_or_default(),
+                Err(err) => {
+                    tracing::warn!(error = %err, "embedding failed; searching by text only");
+                    Vec::new()
+                }
+            },
+            None => Vec::new(),
+        }
+    }
+
+    async fn learn_card(&self, r: &starling_discovery::Record) {
+        let card = match AgentCard::from_record(r) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(author = %r.author().short(), error = %e, "ignoring card");
+                return;
+            }
+        };
+        let v = self.embed_one(&card.search_text()).await;
+        let author = r.author().to_string();
+        let name = card.name.clone();
+        if self.cards().upsert(&author, r.timestamp_ms(), card, v) {
+            if let Ok(mut m) = self.0.names.lock() {
+                m.insert(author.clone(), name.clone());
+            }
+            self.emit(AgentEvent::Card {
+                node_id: author,
+                name,
+            });
+        }
+    }
+
+    async fn follow_swarm(self) {
+        let mut rx = self.0.swarm.events();
+        loop {
+            let ev = tokio::select! {
+                biased;
+                _ = self.0.cancel.cancelled() => break,
+                ev = rx.recv() => ev,
+            };
+            match ev {
+                Ok(SwarmEvent::PeerUp(p)) => {
+                    if let Ok(mut m) = self.0.names.lock() {
+                        m.insert(p.id.to_string(), p.name.clone());
+                    }
+                    self.emit(AgentEvent::PeerUp {
+                        node_id: p.id.to_string(),
+                        name: p.name,
+                    })
+                }
+                Ok(SwarmEvent::PeerDown(id)) => self.emit(AgentEvent::PeerDown {
+                    node_id: id.to_string(),
+                }),
+                Ok(SwarmEvent::Record { id, kind, .. }) if kind == CARD_KIND => {
+                    if let Ok(Some(r)) = self.0.swarm.record(&id) {
+                        self.learn_card(&r).await;
+                    }
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(
+                        missed = n,
+                        "agent fell behind swarm events; reloading cards"
+                    );
+                    if let Ok(all) = self.0.swarm.records(CARD_KIND) {
+                        for r in all {
+                            self.learn_card(&r).await;
+                        }
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    }
+
+    /// Hybrid search over known cards (this node left out).
+    pub async fn search_cards(&self, query: &str, k: usize) -> Vec<CardHit> {
+        let v = self.embed_one(query).await;
+        let me = self.0.me.clone();
+        self.cards().search(query, &v, k, &[me.as_str()])
+    }
+
+    async fn contact_lines(&self) -> Vec<ContactLine> {
+        match self.0.store.contacts::<String>().await {
+            Ok(cs) => cs
+                .into_iter()
+                .map(|c| ContactLine {
+                    node_id: c.node_id,
+                    name: c.name,
+                    tasks: c.n_tasks,
+                    successes: c.n_success,
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the contact book");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Forms a team for `task` with the model (formation only, no chat).
+    pub async fn form(&self, task: &str) -> Result<Formation, AgentError> {
+        let contacts = self.contact_lines().await;
+        Ok(form_team(
+            &self.0.llm,
+            self,
+            task,
+            &self.0.me,
+            &contacts,
+            &FormationConfig::default(),
+        )
+        .await?)
+    }
+
+    /// Handles a task submitted to this node: forms a team (or works alone), runs the
+    /// group chat it hosts, records how each collaborator did, returns the conclusion.
+    pub async fn submit(&self, task: &str) -> Result<TaskResult, AgentError> {
+        let group_id = new_group_id();
+        self.run_task(task, group_id, None, 0).await
+    }
+
+    /// Like [`Agent::submit`] with a chosen group id (so a caller can follow its events).
+    /// A failure is also published as [`AgentEvent::TaskFailed`].
+    pub async fn submit_as(&self, task: &str, group_id: String) -> Result<TaskResult, AgentError> {
+        let r = self.run_task(task, group_id.clone(), None, 0).await;
+        if let Err(e) = &r {
+            self.emit(AgentEvent::TaskFailed {
+                group_id,
+                error: e.to_string(),
+            });
+        }
+        r
+    }
+
+    async fn run_task(
+        &self,
+        task: &str,
+        group_id: String,
+        parent: Option<String>,
+        depth: u32,
+    ) -> Result<TaskResult, AgentError> {
+        let (p0, c0, _) = self.0.llm.counters().snapshot();
+        self.emit(AgentEvent::TaskSubmitted {
+            group_id: group_id.clone(),
+            task: task.to_owned(),
+        });
+        let formation = self.form(task).await?;
+        self.emit(AgentEvent::TeamFormed {
+            group_id: group_id.clone(),
+            members: formation.members.iter().map(|m| m.name.clone()).collect(),
+            calls: formation.calls.len(),
+        });
+        let result = if formation.members.is_empty() {
+            let out = self
+                .0
+                .executor
+                .run(&TaskSpec {
+                    task_id: format!("{group_id}/t0"),
+                    description: task.to_owned(),
+                    context: String::new(),
+                })
+                .await?;
+            self.emit(AgentEvent::Concluded {
+                group_id: group_id.clone(),
+                conclusion: out.answer.clone(),
+            });
+            TaskResult {
+                group_id,
+                members: vec![self.0.name.clone()],
+                conclusion: out.answer,
+                turns: 0,
+                tokens: 0,
+            }
+        } else {
+            let mut members = vec![MemberRef {
+                id: self.0.me.clone(),
+                name: self.0.name.clone(),
+            }];
+            for r in &formation.members {
+                members.push(MemberRef {
+                    id: r.node_id.clone(),
+                    name: r.name.clone(),
+                });
+            }
+            let params = LaunchParams {
+                group_id: group_id.clone(),
+                goal: task.to_owned(),
+                members,
+                initiator: self.0.me.clone(),
+                team_up_depth: depth,
+                max_depth: self.0.config.agent.max_depth,
+                max_turns: self.0.config.agent.max_turns,
+                config: ChatConfig {
+                    turn_timeout_ms: self.0.config.agent.turn_timeout_secs * 1000,
+                    task_timeout_ms: self.0.config.agent.turn_timeout_secs * 1000 * 3,
+                    repetition_threshold: if self.0.repetition_guard { 0.75 } else { 1.0 },
+                    ..ChatConfig::default()
+                },
+            };
+            self.host_group(params, parent).await?
+        };
+        let (p1, c1, _) = self.0.llm.counters().snapshot();
+        Ok(TaskResult {
+            tokens: (p1 - p0) + (c1 - c0),
+            ..result
+        })
+    }
+
+    /// Hosts a group chat to its conclusion.
+    pub async fn host_group(
+        &self,
+        params: LaunchParams,
+        parent: Option<String>,
+    ) -> Result<TaskResult, AgentError> {
+        let started = Instant::now();
+        let clock = move || started.elapsed().as_millis() as u64;
+        let mut chat = GroupChat::launch(params.clone(), clock())?;
+        let group_id = params.group_id.clone();
+        let goal = params.goal.clone();
+        let member_names: Vec<String> = params.members.iter().map(|m| m.name.clone()).collect();
+        self.persist_group(&chat, parent.clone()).await;
+        self.emit(AgentEvent::GroupLaunched {
+            group_id: group_id.clone(),
+            parent: parent.clone(),
+            goal: goal.clone(),
+            members: member_names.clone(),
+        });
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Input>();
+        let mut peer_events = self.0.swarm.events();
+        let mut conclusion = None;
+        let mut opening_done = false;
+        let mut reported: std::collections::HashSet<(String, String)> =
+            std::collections::HashSet::new();
+        loop {
+            while let Some(effect) = chat.poll() {
+                match effect {
+                    Effect::AskSpeaker {
+                        member,
+                        turn,
+                        allowed_types,
+                        retry,
+                        schema,
+                        ..
+                    } => {
+                        // Opening turn of a launched team: the initiator splits the work,
+                        // one task per recruited member (the model writes the tasks).
+                        let (allowed, schema) = if !opening_done
+                            && member == self.0.me
+                            && turn == 1
+                            && chat.members().len() > 1
+                        {
+                            opening_done = true;
+                            let others: Vec<String> = chat
+                                .members()
+                                .iter()
+                                .filter(|m| m.id != self.0.me)
+                                .map(|m| m.id.clone())
+                                .collect();
+                            (
+                                vec![DecisionType::AssignSync],
+                                opening_schema(&others, chat.config()),
+                            )
+                        } else {
+                            (allowed_types, schema)
+                        };
+                        let req = SpeakRequest {
+                            group_id: group_id.clone(),
+                            goal: goal.clone(),
+                            members: chat.members().to_vec(),
+                            transcript: tail(chat.messages(), 12),
+                            tasks: chat.tasks().to_vec(),
+                            turn,
+                            max_turns: chat.max_turns(),
+                            allowed,
+                            retry: retry.map(|r| describe_rejection(&r)),
+                            schema,
+                        };
+                        let a = self.clone();
+                        let tx = tx.clone();
+                        let timeout = Duration::from_millis(chat.config().turn_timeout_ms);
+                        tokio::spawn(async move {
+                            match a.ask_speaker(&member, &req, timeout).await {
+                                Ok(decision) => {
+                                    let _ = tx.send(Input::Decision {
+                                        from: member,
+                                        decision,
+                                    });
+                                }
+                                Err(e) => {
+                                    tracing::info!(member = %member, error = %e, "speaker did not answer");
+                                    let _ = tx.send(Input::MemberDown(member));
+                                }
+                            }
+                        });
+                    }
+                    Effect::Broadcast(message) => {
+                        self.deliver(&chat, &goal, message).await;
+                    }
+                    Effect::RunTask {
+                        task,
+                        sub_team_depth,
+                    } => {
+                        self.emit(AgentEvent::TaskState {
+                            group_id: group_id.clone(),
+                            task_id: task.id.clone(),
+                            assignee: self.name_of(&task.assignee),
+                            state: TaskState::Running,
+                        });
+                        self.persist_task(&group_id, &task).await;
+                        let req = TaskRequest {
+                            group_id: group_id.clone(),
+                            goal: goal.clone(),
+                            task: task.clone(),
+                            sub_team_depth,
+                            max_depth: chat.max_depth(),
+                        };
+                        let a = self.clone();
+                        let tx = tx.clone();
+                        let timeout = Duration::from_millis(chat.config().task_timeout_ms);
+                        tokio::spawn(async move {
+                            let reply = a.run_remote_task(&task.assignee, &req, timeout).await;
+                            let (ok, result) = match reply {
+                                Ok(r) => {
+                                    if let Some(child) = r.child_group {
+                                        let _ = tx.send(Input::SubTeam {
+                                            from: task.assignee.clone(),
+                                            task_id: task.id.clone(),
+                                            child_group_id: child,
+                                        });
+                                    }
+                                    (r.ok, r.result)
+                                }
+                                Err(e) => (false, e),
+                            };
+                            let _ = tx.send(Input::TaskResult {
+                                from: task.assignee.clone(),
+                                task_id: task.id.clone(),
+                                ok,
+                                result,
+                            });
+                        });
+                    }
+                    Effect::CancelTask { task_id, .. } => {
+                        tracing::debug!(group = %group_id, task = %task_id, "task cancelled");
+                    }
+                    Effect::TurnLost { member, reason } => {
+                        tracing::info!(group = %group_id, member = %member, ?reason, "turn lost");
+                    }
+                    Effect::Paused { .. } => {}
+                    Effect::Concluded { conclusion: c, .. } => {
+                        conclusion = Some(c);
+                    }
+                }
+            }
+            if let Some(c) = conclusion.take() {
+                let full = with_findings(&c, chat.tasks(), |id| self.name_of(id));
+                self.persist_group(&chat, parent.clone()).await;
+                for t in chat.tasks() {
+                    self.persist_task(&group_id, t).await;
+                    if t.assignee != self.0.me {
+                        let ok = t.state == TaskState::Done;
+                        let note = format!(
+                            "{}: {:?}",
+                            t.desc.chars().take(80).collect::<String>(),
+                            t.state
+                        );
+                        if let Err(e) = self
+                            .0
+                            .store
+                            .record_collaboration(
+                                &t.assignee,
+                                &self.name_of(&t.assignee),
+                                ok,
+                                &note,
+                            )
+                            .await
+                        {
+                            tracing::warn!(error = %e, "cannot update the contact book");
+                        }
+                    }
+                }
+                self.emit(AgentEvent::Concluded {
+                    group_id: group_id.clone(),
+                    conclusion: full.clone(),
+                });
+                return Ok(TaskResult {
+                    group_id,
+                    members: member_names,
+                    conclusion: full,
+                    turns: chat.turn(),
+                    tokens: 0,
+                });
+            }
+            let deadline = chat.poll_timeout();
+            let sleep = async {
+                match deadline {
+                    Some(d) => {
+                        let now = clock();
+                        tokio::time::sleep(Duration::from_millis(d.saturating_sub(now))).await
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let input = tokio::select! {
+                biased;
+                _ = self.0.cancel.cancelled() => return Err(AgentError::Other("the node is shutting down".into())),
+                i = rx.recv() => match i { Some(i) => i, None => continue },
+                ev = peer_events.recv() => match ev {
+                    Ok(SwarmEvent::PeerDown(id)) => {
+                        let id = id.to_string();
+                        if chat.is_live(&id) { Input::MemberDown(id) } else { continue }
+                    }
+                    _ => continue,
+                },
+                _ = sleep => Input::Tick,
+            };
+            if let Err(e) = chat.handle(input, clock()) {
+                tracing::debug!(group = %group_id, error = %e, "chat input refused");
+            }
+            for t in chat.tasks() {
+                if t.state != TaskState::Running
+                    && reported.insert((t.id.clone(), format!("{:?}", t.state)))
+                {
+                    self.emit(AgentEvent::TaskState {
+                        group_id: group_id.clone(),
+                        task_id: t.id.clone(),
+                        assignee: self.name_of(&t.assignee),
+                        state: t.state,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn deliver(&self, chat: &GroupChat, goal: &str, message: Message) {
+        let sender_name = self.name_of(&message.sender);
+        let note = MessageNote {
+            goal: goal.to_owned(),
+            sender_name: sender_name.clone(),
+            message: message.clone(),
+        };
+        self.record_message(&note).await;
+        let others: Vec<NodeId> = chat
+            .live_members()
+            .filter(|m| m.id != self.0.me)
+            .filter_map(|m| m.id.parse().ok())
+            .collect();
+        if !others.is_empty() {
+            let body = serde_json::to_vec(&note).unwrap_or_default();
+            let swarm = self.0.swarm.clone();
+            tokio::spawn(async move {
+                for (peer, r) in swarm.fan_out(&others, SERVICE, "message", body).await {
+                    if let Err(e) = r {
+                        tracing::debug!(peer = %peer.short(), error = %e, "message not delivered");
+                    }
+                }
+            });
+        }
+    }
+
+    async fn record_message(&self, note: &MessageNote) {
+        let m = &note.message;
+        if let Err(e) = self.0.store.append_message(&m.group_id, m.seq, m).await {
+            tracing::warn!(error = %e, "cannot store a chat message");
+        }
+        self.emit(AgentEvent::Message {
+            message: m.clone(),
+            sender_name: note.sender_name.clone(),
+        });
+    }
+
+    async fn persist_group(&self, chat: &GroupChat, parent: Option<String>) {
+        let now = now_ms() as i64;
+        let body = GroupBody {
+            members: chat.members().to_vec(),
+            initiator: chat.initiator().to_owned(),
+            turn: chat.turn(),
+            max_turns: chat.max_turns(),
+            depth: chat.team_up_depth(),
+            conclusion: chat.conclusion().map(str::to_owned),
+        };
+        let rec = GroupRecord {
+            group_id: chat.group_id().to_owned(),
+            parent_group_id: parent,
+            goal: chat.goal().to_owned(),
+            state: state_name(chat.state()).to_owned(),
+            created_at: now,
+            updated_at: now,
+            body,
+        };
+        if let Err(e) = self.0.store.upsert_group(&rec).await {
+            tracing::warn!(error = %e, "cannot store a group");
+        }
+    }
+
+    async fn persist_task(&self, group_id: &str, t: &Task) {
+        let rec = TaskRecord {
+            task_id: format!("{group_id}/{}", t.id),
+            group_id: group_id.to_owned(),
+            assignee: Some(t.assignee.clone()),
+            state: format!("{:?}", t.state).to_lowercase(),
+            updated_at: now_ms() as i64,
+            body: t.clone(),
+        };
+        if let Err(e) = self.0.store.upsert_task(&rec).await {
+            tracing::warn!(error = %e, "cannot store a task");
+        }
+    }
+
+    async fn ask_speaker(
+        &self,
+        member: &str,
+        req: &SpeakRequest,
+        timeout: Duration,
+    ) -> Result<Decision, String> {
+        if member == self.0.me {
+            return tokio::time::timeout(timeout, self.speak(req))
+                .await
+                .map_err(|_| "timed out".to_string())?
+                .map_err(|e| e.to_string());
+        }
+        let id: NodeId = member.parse().map_err(|_| "bad member id".to_string())?;
+        let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+        let reply = self
+            .0
+            .swarm
+            .call_with_timeout(id, SERVICE, "speak", body, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice(&reply).map_err(|e| format!("bad decision: {e}"))
+    }
+
+    async fn run_remote_task(
+        &self,
+        assignee: &str,
+        req: &TaskRequest,
+        timeout: Duration,
+    ) -> Result<TaskReply, String> {
+        if assignee == self.0.me {
+            return tokio::time::timeout(timeout, self.do_task(req))
+                .await
+                .map_err(|_| "timed out".to_string());
+        }
+        let id: NodeId = assignee
+            .parse()
+            .map_err(|_| "bad assignee id".to_string())?;
+        let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+        let reply = self
+            .0
+            .swarm
+            .call_with_timeout(id, SERVICE, "task", body, timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice(&reply).map_err(|e| format!("bad task reply: {e}"))
+    }
+
+    /// This node's decision for a turn (its model, constrained by the schema).
+    async fn speak(&self, req: &SpeakRequest) -> Result<Decision, AgentError> {
+        let conclude_only = req.allowed == [DecisionType::Conclude];
+        let opening = req.allowed == [DecisionType::AssignSync];
+        if self.asks_person(conclude_only) && !opening {
+            let mut q = format!("Group goal: {}\n", req.goal);
+            for m in &req.transcript {
+                q.push_str(&format!("{}: {}\n", self.name_of(&m.sender), m.content));
+            }
+            q.push_str(if conclude_only {
+                "Write the conclusion of the chat."
+            } else {
+                "Your turn: what do you say?"
+            });
+            match self.ask_person(&req.group_id, "turn", q).await {
+                Some(text) => {
+                    let msg_type = if conclude_only || !req.allowed.contains(&DecisionType::Discuss)
+                    {
+                        DecisionType::Conclude
+                    } else {
+                        DecisionType::Discuss
+                    };
+                    return Ok(Decision {
+                        msg_type,
+                        content: text,
+                        next_speakers: Vec::new(),
+                        tasks: Vec::new(),
+                        triggers: Vec::new(),
+                    });
+                }
+                None if self.0.config.agent.human_fallback == HumanFallback::Skip => {
+                    return Err(AgentError::Other(
+                        "the person did not answer in time".into(),
+                    ));
+                }
+                None => {}
+            }
+        }
+        let prompt = speak_prompt(self, req);
+        let d: Decision = self.0.llm.decide(prompt, &req.schema, 400).await?;
+        Ok(d)
+    }
+
+    /// Runs a task assigned to this node.
+    async fn do_task(&self, req: &TaskRequest) -> TaskReply {
+        if self.asks_person(false) {
+            let q = format!("Group goal: {}\nYour task: {}", req.goal, req.task.desc);
+            match self.ask_person(&req.group_id, "task", q).await {
+                Some(text) => {
+                    return TaskReply {
+                        ok: true,
+                        result: text,
+                        child_group: None,
+                    }
+                }
+                None if self.0.config.agent.human_fallback == HumanFallback::Skip => {
+                    return TaskReply {
+                        ok: false,
+                        result: "the person did not answer in time".into(),
+                        child_group: None,
+                    }
+                }
+                None => {}
+            }
+        }
+        let spec = TaskSpec {
+            task_id: format!("{}/{}", req.group_id, req.task.id),
+            description: req.task.desc.clone(),
+            context: format!("Team goal: {}", req.goal),
+        };
+        match self.0.executor.run(&spec).await {
+            Ok(out) => TaskReply {
+                ok: out.ok,
+                result: out.answer,
+                child_group: None,
+            },
+            Err(e) => TaskReply {
+                ok: false,
+                result: e.to_string(),
+                child_group: None,
+            },
+        }
+    }
+
+    /// Whether this node asks its person (human proxy) for this kind of input.
+    fn asks_person(&self, conclusion: bool) -> bool {
+        self.0.config.agent.kind == AgentKind::Human
+            && match self.0.config.agent.human_input {
+                HumanInput::Always => true,
+                HumanInput::Conclusion => conclusion,
+                HumanInput::Never => false,
+            }
+    }
+
+    /// Asks this node's person; `None` when nobody answered in time.
+    async fn ask_person(&self, group_id: &str, kind: &str, prompt: String) -> Option<String> {
+        let request_id = format!("h{:08x}", rand::random::<u32>());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let info = HumanRequest {
+            request_id: request_id.clone(),
+            group_id: group_id.to_owned(),
+            kind: kind.to_owned(),
+            prompt: prompt.clone(),
+        };
+        if let Ok(mut m) = self.0.human.lock() {
+            m.insert(request_id.clone(), PendingHuman { info, reply: tx });
+        }
+        self.emit(AgentEvent::HumanInputRequested {
+            request_id: request_id.clone(),
+            group_id: group_id.to_owned(),
+            kind: kind.to_owned(),
+            prompt,
+        });
+        let wait = Duration::from_secs(self.0.config.agent.human_timeout_secs);
+        let answer = tokio::time::timeout(wait, rx)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if let Ok(mut m) = self.0.human.lock() {
+            m.remove(&request_id);
+        }
+        self.emit(AgentEvent::HumanInputClosed {
+            request_id,
+            answered: answer.is_some(),
+        });
+        answer
+    }
+
+    /// Questions waiting for this node's person.
+    pub fn pending_human(&self) -> Vec<HumanRequest> {
+        self.0
+            .human
+            .lock()
+            .map(|m| m.values().map(|p| p.info.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Answers a waiting question; `false` if there is no such (open) question.
+    pub fn answer_human(&self, request_id: &str, text: String) -> bool {
+        let pending = self
+            .0
+            .human
+            .lock()
+            .ok()
+            .and_then(|mut m| m.remove(request_id));
+        match pending {
+            Some(p) => p.reply.send(text).is_ok(),
+            None => false,
+        }
+    }
+
+    async fn handle_rpc(&self, req: Request) -> Result<Vec<u8>, RpcError> {
+        let from = req.from.to_string();
+        match req.method.as_str() {
+            "speak" => {
+                let r: SpeakRequest = serde_json::from_slice(&req.body)
+                    .map_err(|e| rpc_err(RpcErrorCode::BadRequest, e))?;
+                if !r.members.iter().any(|m| m.id == self.0.me) {
+                    return Err(rpc_err(
+                        RpcErrorCode::BadRequest,
+                        "not a member of that group",
+                    ));
+                }
+                let d = self
+                    .speak(&r)
+                    .await
+                    .map_err(|e| rpc_err(RpcErrorCode::Internal, e))?;
+                serde_json::to_vec(&d).map_err(|e| rpc_err(RpcErrorCode::Internal, e))
+            }
+            "task" => {
+                let r: TaskRequest = serde_json::from_slice(&req.body)
+                    .map_err(|e| rpc_err(RpcErrorCode::BadRequest, e))?;
+                if r.task.assignee != self.0.me {
+                    return Err(rpc_err(
+                        RpcErrorCode::BadRequest,
+                        "task is not assigned to this node",
+                    ));
+                }
+                self.emit(AgentEvent::TaskState {
+                    group_id: r.group_id.clone(),
+                    task_id: r.task.id.clone(),
+                    assignee: self.0.name.clone(),
+                    state: TaskState::Running,
+                });
+                let reply = self.do_task(&r).await;
+                tracing::info!(from = %req.from.short(), task = %r.task.id, ok = reply.ok, "task done");
+                serde_json::to_vec(&reply).map_err(|e| rpc_err(RpcErrorCode::Internal, e))
+            }
+            "message" => {
+                let n: MessageNote = serde_json::from_slice(&req.body)
+                    .map_err(|e| rpc_err(RpcErrorCode::BadRequest, e))?;
+                if n.message.content.len() > 64 * 1024 {
+                    return Err(rpc_err(RpcErrorCode::BadRequest, "message too large"));
+                }
+                tracing::debug!(from = %from, group = %n.message.group_id, "chat message");
+                // A member keeps the group it takes part in (state as last seen).
+                let now = now_ms() as i64;
+                let known = self
+                    .0
+                    .store
+                    .group::<serde_json::Value>(&n.message.group_id)
+                    .await
+                    .ok()
+                    .flatten();
+                let rec = GroupRecord {
+                    group_id: n.message.group_id.clone(),
+                    parent_group_id: known.as_ref().and_then(|g| g.parent_group_id.clone()),
+                    goal: n.goal.chars().take(4000).collect(),
+                    state: state_name(n.message.state).to_owned(),
+                    created_at: known.as_ref().map_or(now, |g| g.created_at),
+                    updated_at: now,
+                    body: serde_json::json!({"host": from}),
+                };
+                if let Err(e) = self.0.store.upsert_group(&rec).await {
+                    tracing::warn!(error = %e, "cannot store a group");
+                }
+                self.record_message(&n).await;
+                Ok(Vec::new())
+            }
+            other => Err(rpc_err(
+                RpcErrorCode::UnknownMethod,
+                format!("unknown method {other}"),
+            )),
+        }
+    }
+}
+
+impl AgentSearch for Agent {
+    async fn search(&self, query: &str, k: usize) -> Vec<CardHit> {
+        self.search_cards(query, k).await
+    }
+}
+
+/// What the store keeps about a group besides its columns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupBody {
+    /// Members.
+    pub members: Vec<MemberRef>,
+    /// Host.
+    pub initiator: String,
+    /// Turns used.
+    pub turn: u32,
+    /// Turn limit.
+    pub max_turns: u32,
+    /// Nesting depth.
+    pub depth: u32,
+    /// Conclusion, once concluded.
+    pub conclusion: Option<String>,
+}
+
+/// Wire name of a chat state.
+pub fn state_name(s: ChatState) -> &'static str {
+    match s {
+        ChatState::Discussion => "discussion",
+        ChatState::SyncTaskAssignment => "sync_task_assignment",
+        ChatState::AsyncTaskAssignment => "async_task_assignment",
+        ChatState::PauseAndTrigger => "pause_and_trigger",
+        ChatState::Conclusion => "conclusion",
+    }
+}
+
+/// A fresh group id.
+pub fn new_group_id() -> String {
+    let r: u64 = rand::random();
+    format!("g{:012x}", r & 0xffff_ffff_ffff)
+}
+
+fn tail(messages: &[Message], n: usize) -> Vec<Message> {
+    messages[messages.len().saturating_sub(n)..].to_vec()
+}
+
+fn describe_rejection(r: &Rejection) -> String {
+    match r {
+        Rejection::Empty => "Your message was empty. Say something new.".into(),
+        Rejection::Repeats { seq, .. } => format!(
+            "Your message repeats message {seq}. Add something new, assign a task, or conclude."
+        ),
+    }
+}
+
+/// The schema of the initiator's opening turn: a synchronous assignment with exactly one
+/// task per other member, in member order; the model writes the task texts.
+fn opening_schema(others: &[String], limits: &ChatConfig) -> serde_json::Value {
+    let items: Vec<serde_json::Value> = others
+        .iter()
+        .map(|id| {
+            serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "assignee": {"enum": [id]},
+                    "task_abstract": {"type": "string", "minLength": 3, "maxLength": limits.max_abstract_chars.min(60)},
+                    "task_desc": {"type": "string", "minLength": 10, "maxLength": limits.max_task_desc_chars.min(300)}
+                },
+                "required": ["assignee", "task_abstract", "task_desc"],
+                "additionalProperties": false
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "type": {"enum": ["assign_sync"]},
+            "content": {"type": "string", "minLength": 1, "maxLength": 300},
+            "tasks": {
+                "type": "array",
+                "prefixItems": items,
+                "items": false,
+                "minItems": others.len(),
+                "maxItems": others.len()
+            }
+        },
+        "required": ["type", "content", "tasks"],
+        "additionalProperties": false
+    })
+}
+
+fn speak_prompt(agent: &Agent, req: &SpeakRequest) -> Vec<ChatMessage> {
+    let me = &agent.0.me;
+    let mut system = format!(
+        "You are {}, a member of a team chat. About you: {}\n",
+        agent.0.name, agent.0.config.agent.description
+    );
+    system.push_str("Team members (use these ids):\n");
+    for m in &req.members {
+        let about = agent
+            .cards()
+            .get(&m.id)
+            .map(|c| c.card.description.clone())
+            .unwrap_or_default();
+        let you = if &m.id == me { " (you)" } else { "" };
+        system.push_str(&format!("- {} = {}{}: {}\n", m.id, m.name, you, about));
+    }
+    system.push_str(
+        "Reply with one JSON decision. Types: discuss (say something new), assign_sync / assign_async \
+         (give members tasks that match their skills), pause (wait for tasks), conclude (final answer \
+         with every fact found).",
+    );
+    let mut user = format!("Goal: {}\n", req.goal);
+    if !req.tasks.is_empty() {
+        user.push_str("Tasks:\n");
+        for t in &req.tasks {
+            let who = agent.name_of(&t.assignee);
+            let res = t.result.as_deref().unwrap_or("");
+            user.push_str(&format!(
+                "- {} ({who}, {:?}): {} {}\n",
+                t.id, t.state, t.desc, res
+            ));
+        }
+    }
+    if !req.transcript.is_empty() {
+        user.push_str("Chat so far:\n");
+        for m in &req.transcript {
+            let who = agent.name_of(&m.sender);
+            let text: String = m.content.chars().take(400).collect();
+            user.push_str(&format!("{who}: {text}\n"));
+        }
+    }
+    user.push_str(&format!("Turn {} of {}. ", req.turn, req.max_turns));
+    if req.allowed == [DecisionType::Conclude] {
+        user.push_str(
+            "Conclude now: state the final answer with every fact from the task results.",
+        );
+    } else if req.allowed == [DecisionType::AssignSync] {
+        user.push_str("Split the goal: give each member one task that matches its skills.");
+    } else {
+        user.push_str("Your decision:");
+    }
+    if let Some(r) = &req.retry {
+        user.push_str(&format!("\nNote: {r}"));
+    }
+    vec![ChatMessage::system(system), ChatMessage::user(user)]
+}
+
+/// The conclusion as shown to the user: the concluding member's text, then what each
+/// finished task found, with who found it (provenance).
+pub fn with_findings(conclusion: &str, tasks: &[Task], name_of: impl Fn(&str) -> String) -> String {
+    let done: Vec<&Task> = tasks
+        .iter()
+        .filter(|t| {
+            t.state == TaskState::Done && t.result.as_deref().is_some_and(|r| !r.trim().is_empty())
+        })
+        .collect();
+    if done.is_empty() {
+        return conclusion.to_owned();
+    }
+    let mut s = conclusion.trim().to_owned();
+    s.push_str("\n\nFindings:");
+    for t in done {
+        s.push_str(&format!(
+            "\n- {} ({}): {}",
+            t.task_abstract.as_deref().unwrap_or(&t.desc),
+            name_of(&t.assignee),
+            t.result.as_deref().unwrap_or("").trim()
+        ));
+    }
+    s
+}

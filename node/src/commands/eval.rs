@@ -1,0 +1,414 @@
+//! `starling eval ...`: offline evaluations (team-formation retrieval, benchmark generation).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use starling_models::embed::{BertEmbedder, Embedder};
+use starling_models::source::{registry, ModelCache, Progress};
+
+use crate::agent::formation::FormationConfig;
+use crate::agent::llm::Llm;
+use crate::cli::ModelArgs;
+use crate::eval::formation_loop::{self, FormationReport, RegistrySearch};
+use crate::eval::synth::{self, SynthConfig};
+use crate::eval::team_formation::{
+    self, card_text, Dataset, Metrics, RetrievalConfig, RetrievalReport,
+};
+
+/// The Internet of Agents paper's figures for its regular team formation (Top@1, Top@10,
+/// mean rank, MRR), printed next to ours.
+const PAPER: (f64, f64, f64, f64) = (0.414, 0.649, 27.4, 0.501);
+
+/// `starling eval ...`
+#[derive(Debug, Subcommand)]
+pub enum EvalCommand {
+    /// Score the node's agent search on a team-formation benchmark.
+    ///
+    /// Every agent of the file is indexed (real embeddings + BM25); each sentence of a task
+    /// description is a query, merged per agent by best score. Metrics, per method (hybrid, BM25 alone, cosine alone):
+    ///   Recall@g   share of the gold team in the first g results (g = team size), per task
+    ///   Recall@10  share of the gold team in the first 10 results, per task
+    ///   Top@1/@10  share of gold agents at filtered rank 1 / <= 10
+    ///   mean rank  mean filtered rank of gold agents
+    ///   MRR        mean over all (task, gold agent) pairs of 1 / filtered rank
+    /// The filtered rank of a gold agent is 1 + the number of non-gold agents above it (the
+    /// other members of its team do not count against it), so every member of a team can be
+    /// at rank 1, as in the link-prediction protocol these metrics come from.
+    ///
+    /// With --full, the node's real LLM team-formation loop (search_agents / launch_group,
+    /// constrained tool calls, at most 10) also runs on the first --limit tasks against the
+    /// same index, and prints the share of gold agents recruited, the precision of recruits,
+    /// the mean team size and the mean number of tool calls.
+    ///
+    /// Examples:
+    ///   starling eval team-formation --data tasks.jsonl
+    ///   starling eval team-formation --data tasks.jsonl --top 50 --json
+    ///   starling eval team-formation --data tasks.jsonl --full --limit 20
+    #[command(verbatim_doc_comment)]
+    TeamFormation(TeamFormationArgs),
+    /// Generate a synthetic team-formation benchmark (JSON Lines).
+    ///
+    /// Examples:
+    ///   starling eval synth-team --cards 1200 --tasks 500 --seed 1 --out tasks.jsonl
+    #[command(verbatim_doc_comment)]
+    SynthTeam(SynthTeamArgs),
+}
+
+/// Arguments of `starling eval team-formation`.
+#[derive(Debug, Args)]
+pub struct TeamFormationArgs {
+    /// Benchmark file: one JSON object per line with task_id, task_description and agents
+    /// (the gold team: agent_name, agent_type, agent_description).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Candidates retrieved per task (default: the whole registry). Gold agents not
+    /// retrieved count as ranked after every other agent.
+    #[arg(long)]
+    pub top: Option<usize>,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Embedding model: a registry name, a directory, or a source.
+    #[arg(long, env = "STARLING_EMBED_MODEL", default_value = "all-minilm-l6-v2")]
+    pub embed_model: String,
+    /// Weight of the cosine in the hybrid score.
+    #[arg(long)]
+    pub semantic_weight: Option<f32>,
+    /// Weight of BM25 in the hybrid score.
+    #[arg(long)]
+    pub lexical_weight: Option<f32>,
+    /// Also run the real LLM team-formation loop (on the first --limit tasks).
+    #[arg(long)]
+    pub full: bool,
+    /// Tasks the --full loop runs on (each costs several model calls).
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// The chat model of the --full loop.
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// Arguments of `starling eval synth-team`.
+#[derive(Debug, Args)]
+pub struct SynthTeamArgs {
+    /// Agent cards in the registry (each is in at least one gold team).
+    #[arg(long, default_value_t = 1200)]
+    pub cards: usize,
+    /// Tasks (teams of 2-4 agents; needs cards <= 4 x tasks).
+    #[arg(long, default_value_t = 500)]
+    pub tasks: usize,
+    /// Random seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Probability that a task names an action or object with the cards' own key term
+    /// instead of a paraphrase.
+    #[arg(long, default_value_t = 0.5)]
+    pub lexical_overlap: f64,
+    /// Most context (noise) sentences per task.
+    #[arg(long, default_value_t = 2)]
+    pub context_sentences: usize,
+    /// Output file (JSON Lines).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Runs an `eval` subcommand.
+pub fn run(home: &Path, command: EvalCommand) -> anyhow::Result<()> {
+    match command {
+        EvalCommand::TeamFormation(args) => run_team_formation(home, args),
+        EvalCommand::SynthTeam(args) => run_synth_team(args),
+    }
+}
+
+fn run_synth_team(args: SynthTeamArgs) -> anyhow::Result<()> {
+    let records = synth::generate(SynthConfig {
+        cards: args.cards,
+        tasks: args.tasks,
+        seed: args.seed,
+        lexical_overlap: args.lexical_overlap,
+        context_sentences: args.context_sentences,
+    })?;
+    let file = std::fs::File::create(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    for r in &records {
+        serde_json::to_writer(&mut out, r)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    eprintln!(
+        "wrote {} tasks over {} agents to {}",
+        records.len(),
+        args.cards,
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// Embeds `texts` in batches, with a progress bar on stderr.
+pub fn embed_texts(
+    embedder: &dyn Embedder,
+    texts: &[String],
+    label: &str,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    const CHUNK: usize = 128;
+    let bar = ProgressBar::new(texts.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg:>8} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message(label.to_string());
+    let mut out = Vec::with_capacity(texts.len());
+    for chunk in texts.chunks(CHUNK) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        out.extend(embedder.embed(&refs)?);
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// Embeds every card of the registry.
+pub fn embed_cards(dataset: &Dataset, embedder: &dyn Embedder) -> anyhow::Result<Vec<Vec<f32>>> {
+    let cards: Vec<String> = dataset.registry.iter().map(card_text).collect();
+    embed_texts(embedder, &cards, "cards")
+}
+
+/// Embeds the tasks' requirements and evaluates retrieval over the cards (embedded with
+/// [`embed_cards`]).
+pub fn team_formation_report(
+    dataset: &Dataset,
+    embedder: &dyn Embedder,
+    card_vectors: &[Vec<f32>],
+    config: &RetrievalConfig,
+) -> anyhow::Result<RetrievalReport> {
+    let queries: Vec<Vec<String>> = dataset
+        .tasks
+        .iter()
+        .map(|t| team_formation::split_requirements(&t.description))
+        .collect();
+    let flat: Vec<String> = queries.iter().flatten().cloned().collect();
+    let start = std::time::Instant::now();
+    let mut flat_vectors = embed_texts(embedder, &flat, "queries")?.into_iter();
+    let query_vectors: Vec<Vec<Vec<f32>>> = queries
+        .iter()
+        .map(|q| flat_vectors.by_ref().take(q.len()).collect())
+        .collect();
+    tracing::info!(
+        texts = flat.len(),
+        secs = start.elapsed().as_secs_f64(),
+        "embedded cards and task requirements"
+    );
+    Ok(team_formation::evaluate_retrieval(
+        dataset,
+        card_vectors,
+        &query_vectors,
+        config,
+    )?)
+}
+
+fn run_team_formation(home: &Path, args: TeamFormationArgs) -> anyhow::Result<()> {
+    let dataset = Dataset::load(&args.data)?;
+    let source = registry::parse_spec(&args.embed_model)?;
+    let dir = ModelCache::new(home)
+        .resolve(&source, &Progress::new())
+        .with_context(|| format!("cannot get embedding model `{}`", args.embed_model))?;
+    let embedder =
+        BertEmbedder::load(&dir).with_context(|| format!("cannot load {}", dir.display()))?;
+    let mut config = RetrievalConfig {
+        depth: args.top,
+        ..RetrievalConfig::default()
+    };
+    if let Some(w) = args.semantic_weight {
+        config.semantic_weight = w;
+    }
+    if let Some(w) = args.lexical_weight {
+        config.lexical_weight = w;
+    }
+    let card_vectors = embed_cards(&dataset, &embedder)?;
+    let report = team_formation_report(&dataset, &embedder, &card_vectors, &config)?;
+    let full = if args.full {
+        Some(run_full(home, &args, &dataset, &card_vectors, embedder)?)
+    } else {
+        None
+    };
+    if args.json {
+        let out = serde_json::json!({
+            "data": args.data,
+            "embed_model": args.embed_model,
+            "semantic_weight": config.semantic_weight,
+            "lexical_weight": config.lexical_weight,
+            "top": args.top,
+            "report": report,
+            "paper": {"top1": PAPER.0, "top10": PAPER.1, "mean_rank": PAPER.2, "mrr": PAPER.3},
+            "full": full,
+        });
+        println!("{}", serde_json::to_string(&out)?);
+        return Ok(());
+    }
+    println!(
+        "{}: {} tasks, {} agents, {} gold pairs; embeddings {}; hybrid = {:.2} x cosine + {:.2} x BM25 (max-normalised)",
+        args.data.display(),
+        report.hybrid.tasks,
+        report.agents,
+        report.hybrid.gold_pairs,
+        args.embed_model,
+        config.semantic_weight,
+        config.lexical_weight
+    );
+    println!(
+        "{:<10} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7}",
+        "method", "Recall@g", "Recall@10", "Top@1", "Top@10", "mean rank", "MRR"
+    );
+    let row = |name: &str, m: &Metrics| {
+        println!(
+            "{:<10} {:>8.1}% {:>8.1}% {:>6.1}% {:>6.1}% {:>9.1} {:>6.1}%",
+            name,
+            m.recall_at_g * 100.0,
+            m.recall_at_10 * 100.0,
+            m.top1 * 100.0,
+            m.top10 * 100.0,
+            m.mean_rank,
+            m.mrr * 100.0
+        );
+    };
+    row("hybrid", &report.hybrid);
+    row("bm25", &report.bm25);
+    row("cosine", &report.semantic);
+    println!(
+        "{:<10} {:>9} {:>9} {:>6.1}% {:>6.1}% {:>9.1} {:>6.1}%   (IoA paper, regular team formation)",
+        "paper",
+        "-",
+        "-",
+        PAPER.0 * 100.0,
+        PAPER.1 * 100.0,
+        PAPER.2,
+        PAPER.3 * 100.0
+    );
+    let h = &report.hybrid;
+    println!(
+        "hybrid vs paper: Top@1 {:+.1} pt, Top@10 {:+.1} pt, mean rank {:+.1}, MRR {:+.1} pt (Recall@g vs the paper's Top@1: {:+.1} pt)",
+        (h.top1 - PAPER.0) * 100.0,
+        (h.top10 - PAPER.1) * 100.0,
+        h.mean_rank - PAPER.2,
+        (h.mrr - PAPER.3) * 100.0,
+        (h.recall_at_g - PAPER.0) * 100.0
+    );
+    println!(
+        "index build {:.1} ms, hybrid query p50 {:.2} ms (embedding excluded)",
+        report.index_ms, report.query_p50_ms
+    );
+    if let Some(f) = &full {
+        println!(
+            "full LLM loop on {} tasks ({}): gold recruited {:.1}%, precision of recruits {:.1}%, mean team size {:.2}, mean tool calls {:.2}",
+            f.tasks,
+            args.model.model,
+            f.gold_recruited * 100.0,
+            f.precision * 100.0,
+            f.team_size,
+            f.tool_calls
+        );
+        println!(
+            "  gold shown as candidates {:.1}%, worked alone {:.1}%, launch forced {:.1}%, {:.0} prompt + {:.0} completion tokens and {:.1} s per task",
+            f.gold_seen * 100.0,
+            f.alone * 100.0,
+            f.forced * 100.0,
+            f.prompt_tokens,
+            f.completion_tokens,
+            f.seconds
+        );
+    }
+    Ok(())
+}
+
+/// Runs the real team-formation loop with the chat model of `args` on the first
+/// `args.limit` tasks.
+fn run_full(
+    home: &Path,
+    args: &TeamFormationArgs,
+    dataset: &Dataset,
+    card_vectors: &[Vec<f32>],
+    embedder: BertEmbedder,
+) -> anyhow::Result<FormationReport> {
+    let engine = super::load_engine(home, &args.model)?;
+    let llm = Llm::new(starling_models::engine::ModelSlot::new(engine));
+    let search = RegistrySearch::new(&dataset.registry, card_vectors, embedder)?;
+    let limit = args.limit.min(dataset.tasks.len());
+    let quiet = args.json;
+    let report = super::block_on(formation_loop::evaluate_formation(
+        dataset,
+        &llm,
+        &search,
+        limit,
+        &FormationConfig::default(),
+        |i, o| {
+            if !quiet {
+                eprintln!(
+                    "[{}/{limit}] {}: recruited {} of {} gold ({} recruits, {} calls) queries: {}",
+                    i + 1,
+                    o.task_id,
+                    o.correct,
+                    o.gold,
+                    o.recruits.len(),
+                    o.tool_calls,
+                    o.queries.join(" | ")
+                );
+            }
+        },
+    ))??;
+    Ok(report)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn team_formation_on_a_small_generated_benchmark_with_the_real_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("tasks.jsonl");
+        run_synth_team(SynthTeamArgs {
+            cards: 120,
+            tasks: 40,
+            seed: 11,
+            lexical_overlap: 0.5,
+            context_sentences: 2,
+            out: data.clone(),
+        })
+        .unwrap();
+        let dataset = Dataset::load(&data).unwrap();
+        assert_eq!(dataset.registry.len(), 120);
+        assert_eq!(dataset.tasks.len(), 40);
+        let embedder = BertEmbedder::load(starling_models::testing::embedding_model()).unwrap();
+        let cards = embed_cards(&dataset, &embedder).unwrap();
+        let report =
+            team_formation_report(&dataset, &embedder, &cards, &RetrievalConfig::default())
+                .unwrap();
+        assert_eq!(report.agents, 120);
+        let (h, b) = (report.hybrid, report.bm25);
+        // A random ranking of 120 agents has MRR ~0.04 and Top@10 ~0.08.
+        assert!(h.mrr > 0.15 && h.top10 > 0.3, "{h:?}");
+        // The paraphrased tasks defeat BM25 alone more than the hybrid search.
+        assert!(
+            h.mrr > b.mrr && h.mean_rank < b.mean_rank,
+            "hybrid {h:?}\nbm25 {b:?}"
+        );
+        // Truncating the candidate list can only lower recall-like metrics.
+        let shallow = team_formation_report(
+            &dataset,
+            &embedder,
+            &cards,
+            &RetrievalConfig {
+                depth: Some(3),
+                ..RetrievalConfig::default()
+            },
+        )
+        .unwrap();
+        assert!(shallow.hybrid.top10 <= h.top10 && shallow.hybrid.mean_rank >= h.mean_rank);
+    }
+}

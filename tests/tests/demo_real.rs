@@ -1,0 +1,207 @@
+//! The demo scenario with the real default models: three nodes on loopback (ada, basil,
+//! cyra from `configs/`), a task that needs a fact from basil's documents and one from
+//! cyra's. The conclusion hosted by ada must contain both facts, and every message of the
+//! group must satisfy the chat protocol. Prints the tokens spent, with and without the
+//! repetition guard when `STARLING_DEMO_COMPARE=1`.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::engine::{Engine, EngineConfig, ModelSlot};
+use starling_models::requant::{self, Requantize};
+use starling_node::agent::chat::{Message, MessageType, Task};
+use starling_node::commands::demo::{write_personas, DEMO_TASK};
+use starling_node::daemon::{Node, SharedModels, StartOptions};
+
+fn shared_models() -> SharedModels {
+    let path = starling_models::testing::chat_model();
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    let path = requant::prepare(&path, Requantize::Q8_0, &dir).expect("requantize");
+    let engine = Engine::load(&path, &EngineConfig::default()).expect("load chat model");
+    let embedder =
+        BertEmbedder::load(starling_models::testing::embedding_model()).expect("load embedder");
+    SharedModels {
+        chat: ModelSlot::new(engine),
+        aliases: vec![],
+        embedder: Some(EmbedHandle::spawn(embedder).expect("embedder thread")),
+    }
+}
+
+struct Run {
+    conclusion: String,
+    tokens: u64,
+    messages: Vec<Message>,
+    tasks: Vec<Task>,
+    member_messages: Vec<usize>,
+    seconds: f64,
+}
+
+async fn run_demo(models: &SharedModels, guard: bool) -> Run {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut configs = write_personas(dir.path(), 0).expect("personas");
+    let secret = starling_discovery::SwarmSecret::generate().to_string();
+    let mut nodes: Vec<Node> = Vec::new();
+    for c in configs.iter_mut() {
+        c.network.swarm_secret = Some(secret.clone());
+        if let Some(first) = nodes.first() {
+            c.network.bootstrap = vec![format!(
+                "{}@{}",
+                first.swarm.node_id(),
+                first.swarm.advertised_addr()
+            )];
+        }
+        let node = Node::start(
+            c.clone(),
+            StartOptions {
+                models: Some(models.clone()),
+                no_repetition_guard: !guard,
+                ..StartOptions::default()
+            },
+        )
+        .await
+        .expect("start node");
+        nodes.push(node);
+    }
+    let ada = nodes[0].clone();
+    let t = Instant::now();
+    while ada.agent.known_cards().len() < 3 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "cards not replicated"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before: u64 = nodes
+        .iter()
+        .map(|n| {
+            let (p, c, _) = n.agent.llm().counters().snapshot();
+            p + c
+        })
+        .sum();
+    let started = Instant::now();
+    let result = ada.agent.submit(DEMO_TASK).await.expect("demo task");
+    let seconds = started.elapsed().as_secs_f64();
+    let after: u64 = nodes
+        .iter()
+        .map(|n| {
+            let (p, c, _) = n.agent.llm().counters().snapshot();
+            p + c
+        })
+        .sum();
+    let messages: Vec<Message> = ada
+        .agent
+        .store()
+        .messages::<Message>(&result.group_id)
+        .await
+        .expect("messages")
+        .into_iter()
+        .map(|m| m.body)
+        .collect();
+    let tasks: Vec<Task> = ada
+        .agent
+        .store()
+        .tasks_in_group::<Task>(&result.group_id)
+        .await
+        .expect("tasks")
+        .into_iter()
+        .map(|t| t.body)
+        .collect();
+    // Members got the messages too (fan-out), give delivery a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut member_messages = Vec::new();
+    for n in &nodes[1..] {
+        let got = n
+            .agent
+            .store()
+            .messages::<Message>(&result.group_id)
+            .await
+            .expect("member messages")
+            .len();
+        member_messages.push(got);
+    }
+    for n in &nodes {
+        n.shutdown().await;
+    }
+    Run {
+        conclusion: result.conclusion,
+        tokens: after - before,
+        messages,
+        tasks,
+        member_messages,
+        seconds,
+    }
+}
+
+fn check_protocol(run: &Run, members: usize) {
+    let m = &run.messages;
+    assert!(!m.is_empty(), "no messages");
+    for (i, msg) in m.iter().enumerate() {
+        assert_eq!(msg.seq, i as u64, "seq gap at {i}: {msg:?}");
+        assert_eq!(msg.group_id, m[0].group_id);
+        match msg.msg_type {
+            MessageType::AssignSync | MessageType::AssignAsync | MessageType::TaskReport => {
+                let id = msg
+                    .task_id
+                    .as_deref()
+                    .expect("task message without task id");
+                assert!(run.tasks.iter().any(|t| t.id == id), "unknown task {id}");
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        m.last().map(|x| x.msg_type),
+        Some(MessageType::Conclude),
+        "the last message must be the conclusion"
+    );
+    let senders: HashSet<&str> = m.iter().map(|x| x.sender.as_str()).collect();
+    assert!(senders.len() <= members);
+    let turns: Vec<u32> = m.iter().map(|x| x.turn).collect();
+    assert!(
+        turns.windows(2).all(|w| w[0] <= w[1]),
+        "turns go back: {turns:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_conclusion_holds_facts_from_both_other_nodes() {
+    let models = shared_models();
+    let run = run_demo(&models, true).await;
+    println!(
+        "demo: {:.1} s, {} tokens, {} messages, members received {:?}\n{}",
+        run.seconds,
+        run.tokens,
+        run.messages.len(),
+        run.member_messages,
+        run.conclusion
+    );
+    check_protocol(&run, 3);
+    let c = run.conclusion.to_lowercase();
+    assert!(
+        c.contains("24"),
+        "basil's fact (24 degrees) missing:\n{}",
+        run.conclusion
+    );
+    assert!(
+        c.contains("thursday"),
+        "cyra's fact (Thursday) missing:\n{}",
+        run.conclusion
+    );
+    assert!(
+        run.member_messages.iter().all(|&n| n == run.messages.len()),
+        "members did not receive every message: {:?} of {}",
+        run.member_messages,
+        run.messages.len()
+    );
+    if std::env::var("STARLING_DEMO_COMPARE").is_ok_and(|v| v == "1") {
+        let off = run_demo(&models, false).await;
+        println!(
+            "tokens per task: repetition guard on {} ({} messages), off {} ({} messages)",
+            run.tokens,
+            run.messages.len(),
+            off.tokens,
+            off.messages.len()
+        );
+    }
+}
