@@ -8,6 +8,8 @@
 # Needs root for the namespaces; without it netbench runs on the host's
 # loopback (byte counts then include unrelated traffic) and the test skips.
 # Usage: benches/net/run.sh [--json] [--quick]
+# netbench prints each figure next to its target ("ok" / "MISSED"); with
+# --json the targets are under "targets".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --release -p starling-discovery --example netbench
@@ -20,4 +22,5 @@ else
   timeout 150 "$bin" "$@"
 fi
 echo
+echo "bridge test: mDNS discovery to first RPC (fails past 20 s), partition and heal (fails past 30-40 s):"
 timeout 120 cargo test -p starling-discovery --test netns_bridge

@@ -476,6 +476,14 @@ async fn main() -> Res<()> {
     if o.json {
         let v = serde_json::json!({
             "lo_counters_isolated": isolated,
+            "targets": {
+                "rpc_vs_udp_p50_ratio_max": 3.0,
+                "connection_setup_p50_ms_max": 2.0,
+                "failure_detection_down_s_max": 5.0,
+                "reconciliation_converge_s_max": 5.0,
+                "reconciliation_wire_vs_needed_max": 1.3,
+                "equal_nodes_bytes_max": 2048,
+            },
             "udp_echo_us": {"p50": us(udp.p50), "p99": us(udp.p99), "n": udp.n},
             "rpc_echo_us": {"p50": us(rpc.p50), "p99": us(rpc.p99), "n": rpc.n},
             "rpc_vs_udp_p50_ratio": ratio_p50,

@@ -233,10 +233,12 @@ mod tests {
         #[test]
         fn sync_round_trips(neg: Vec<u8>, ids: Vec<[u8; 32]>, recs in proptest::collection::vec(record(), 0..4)) {
             round_trip(&SyncMsg::Neg(neg));
-            round_trip(&SyncMsg::Want(ids));
+            round_trip(&SyncMsg::Want(ids.iter().map(|i| { let mut p = [0u8; 16]; p.copy_from_slice(&i[..16]); p }).collect()));
             round_trip(&SyncMsg::Records(recs));
             round_trip(&SyncMsg::WantDone);
             round_trip(&SyncMsg::Done);
+            round_trip(&SyncMsg::Offer(ids.clone()));
+            round_trip(&SyncMsg::Take(ids.iter().map(|i| u32::from(i[0])).collect()));
         }
 
         #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use crate::codec::{expect_frame, write_frame, CodecError};
+use crate::codec::{encode_frame, expect_frame, write_frame, CodecError};
 use crate::identity::NodeId;
 use crate::transport::{PeerConn, TransportError};
 use crate::wire::{RpcErrorCode, RpcRequest, RpcResponse, StreamHeader, StreamKind, WIRE_VERSION};
@@ -123,7 +123,7 @@ impl Router {
         &self,
         from: NodeId,
         send: &mut quinn::SendStream,
-        recv: &mut quinn::RecvStream,
+        recv: &mut (impl tokio::io::AsyncRead + Unpin),
         max_frame: usize,
     ) -> Result<(), CodecError> {
         let req: RpcRequest = expect_frame(recv, max_frame).await?;
@@ -193,8 +193,13 @@ pub(crate) async fn call_on(
             version: WIRE_VERSION,
             kind: StreamKind::Rpc,
         };
-        write_frame(&mut send, &header, max_frame).await?;
-        write_frame(&mut send, req, max_frame).await?;
+        // Header and request in one write, FIN right after: one STREAM frame,
+        // one packet for a small request.
+        let mut out = encode_frame(&header, max_frame)?;
+        out.extend_from_slice(&encode_frame(req, max_frame)?);
+        send.write_all(&out)
+            .await
+            .map_err(|e| CallError::Stream(e.to_string()))?;
         let _ = send.finish();
         let resp: RpcResponse = expect_frame(&mut recv, max_frame).await?;
         match resp {

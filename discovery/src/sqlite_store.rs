@@ -167,6 +167,49 @@ impl RecordStore for SqliteRecordStore {
         Ok(n > 0)
     }
 
+    /// The whole batch is one transaction: one commit (one WAL sync point)
+    /// instead of one per record, and all-or-nothing if it fails.
+    fn insert_many(&self, records: Vec<Record>) -> Result<Vec<bool>, StoreError> {
+        let mut g = self.lock()?;
+        let g = &mut *g;
+        let mut fresh = Vec::with_capacity(records.len());
+        let tx = g.conn.transaction().map_err(err)?;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO records (id, author, kind, timestamp_ms, body, signature)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(err)?;
+            let mut batch_ids = HashSet::new();
+            for record in &records {
+                if g.ids.contains(&record.id()) || !batch_ids.insert(record.id()) {
+                    fresh.push(false);
+                    continue;
+                }
+                let n = stmt
+                    .execute(params![
+                        record.id().0.as_slice(),
+                        record.author().as_bytes().as_slice(),
+                        record.kind(),
+                        i64::try_from(record.timestamp_ms()).unwrap_or(i64::MAX),
+                        record.body(),
+                        record.signature().as_slice(),
+                    ])
+                    .map_err(err)?;
+                fresh.push(n > 0);
+            }
+        }
+        tx.commit().map_err(err)?;
+        // Only after the commit: the in-memory index never names a row that
+        // is not on disk.
+        for record in &records {
+            g.index.insert((record.timestamp_ms(), record.id()));
+            g.ids.insert(record.id());
+        }
+        Ok(fresh)
+    }
+
     fn contains(&self, id: &RecordId) -> Result<bool, StoreError> {
         Ok(self.lock()?.ids.contains(id))
     }
@@ -241,6 +284,29 @@ mod tests {
         let mut want = vec![(a.timestamp_ms(), a.id()), (b.timestamp_ms(), b.id())];
         want.sort();
         assert_eq!(s.index().unwrap(), want);
+    }
+
+    #[test]
+    fn insert_many_is_one_transaction_that_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.db");
+        let me = Identity::generate();
+        let recs: Vec<Record> = (0..50)
+            .map(|i| Record::sign_at(&me, "card", 1000 + i, vec![i as u8]).unwrap())
+            .collect();
+        {
+            let s = SqliteRecordStore::open(&path).unwrap();
+            assert!(s.insert(recs[0].clone()).unwrap());
+            let mut batch = recs.clone();
+            batch.push(recs[7].clone());
+            let fresh = s.insert_many(batch).unwrap();
+            assert_eq!(fresh.len(), 51);
+            assert!(!fresh[0] && !fresh[50]);
+            assert_eq!(fresh.iter().filter(|f| **f).count(), 49);
+        }
+        let s = SqliteRecordStore::open(&path).unwrap();
+        assert_eq!(s.len().unwrap(), 50);
+        assert_eq!(s.by_kind("card").unwrap(), recs);
     }
 
     #[test]

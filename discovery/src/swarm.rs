@@ -249,6 +249,7 @@ impl Swarm {
             metrics: metrics.clone(),
             events: events.clone(),
             max_frame: config.limits.max_frame,
+            in_flight: Default::default(),
         };
         let inner = Arc::new(Inner {
             identity,
@@ -639,8 +640,11 @@ async fn handle_bi(
     mut recv: quinn::RecvStream,
 ) {
     let max = inner.transport.limits().max_frame;
+    // Buffered: the header and a small request arrive together and are
+    // taken in one read of the stream instead of four.
+    let mut reader = tokio::io::BufReader::with_capacity(4096, &mut recv);
     let result: Result<(), String> = async {
-        let header: StreamHeader = expect_frame(&mut recv, max)
+        let header: StreamHeader = expect_frame(&mut reader, max)
             .await
             .map_err(|e| e.to_string())?;
         if header.version != WIRE_VERSION {
@@ -649,18 +653,19 @@ async fn handle_bi(
         match header.kind {
             StreamKind::Rpc => inner
                 .router
-                .serve(peer, &mut send, &mut recv, max)
+                .serve(peer, &mut send, &mut reader, max)
                 .await
                 .map_err(|e| e.to_string()),
             StreamKind::Sync => inner
                 .replicator
-                .serve_sync(peer, &mut send, &mut recv)
+                .serve_sync(peer, &mut send, &mut reader)
                 .await
                 .map_err(|e| e.to_string()),
             other => Err(format!("{other:?} is not a bidirectional protocol")),
         }
     }
     .await;
+    drop(reader);
     if let Err(e) = result {
         bad_stream(&inner, peer, "bidi stream", &e);
         let _ = send.reset(STREAM_BAD_FRAME.into());

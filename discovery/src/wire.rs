@@ -123,12 +123,19 @@ pub struct RecordWire {
 pub enum SyncMsg {
     /// A negentropy message.
     Neg(Vec<u8>),
-    /// Initiator asks for these record ids.
-    Want(Vec<[u8; 32]>),
-    /// Records (answer to `Want`, or initiator sending what the other lacks).
+    /// Initiator asks for the records whose ids start with these 16 bytes
+    /// (at most 1024; ids the responder reported during negentropy).
+    Want(Vec<[u8; 16]>),
+    /// Records (answer to a `Want` or a `Take`).
     Records(Vec<RecordWire>),
-    /// End of this batch of `Records` for a `Want`.
+    /// End of this batch of `Records` for a `Want` or a `Take`.
     WantDone,
     /// The initiator is finished.
     Done,
+    /// Initiator offers records the responder lacks (ids, at most 1024).
+    Offer(Vec<[u8; 32]>),
+    /// Responder takes these entries (indices) of the current `Offer`; the
+    /// initiator answers with `Records`…`WantDone`. An empty `Take` ends the
+    /// offer.
+    Take(Vec<u32>),
 }
