@@ -5,7 +5,8 @@
 # comparison). Generated files go to $OUT (default: a temporary directory); nothing is
 # committed.
 #
-# Usage: benches/team_formation/run.sh [--json]   (STARLING=path/to/starling to skip building)
+# Usage: benches/team_formation/run.sh [--json]   (STARLING=path/to/starling to skip building;
+#        FULL=1 also runs the real LLM team-formation loop on LIMIT=20 tasks per seed)
 set -euo pipefail
 
 CARDS=${CARDS:-1200}
@@ -20,5 +21,9 @@ fi
 for seed in $SEEDS; do
   data="$OUT/team-formation-c${CARDS}-t${TASKS}-s${seed}.jsonl"
   "$STARLING" eval synth-team --cards "$CARDS" --tasks "$TASKS" --seed "$seed" --out "$data"
-  "$STARLING" eval team-formation --data "$data" "$@"
+  if [[ -n "${FULL:-}" ]]; then
+    "$STARLING" eval team-formation --data "$data" --full --limit "${LIMIT:-20}" "$@"
+  else
+    "$STARLING" eval team-formation --data "$data" "$@"
+  fi
 done

@@ -247,20 +247,34 @@ impl Executor {
             }
         }
         if let Some(docs) = self.tools.docs() {
-            let hits: Vec<_> = docs
-                .search(&task.description, self.config.grounding_passages)
-                .into_iter()
-                .filter(|p| p.coverage >= self.config.grounding_coverage)
-                .collect();
-            if !hits.is_empty() {
-                steps.push(StepTrace {
-                    step: "grounding".into(),
-                    tool: "search_docs".into(),
-                    args: json!({ "query": task.description }),
-                    observation: Some(format_passages(&hits)),
-                    error: None,
-                    grounded: true,
-                });
+            // The task text first, then each clause of the context (the team's goal): a
+            // task written by a small model can be vague, while the goal names what the
+            // team needs. A passage must cover enough of one query's terms to count.
+            let mut queries = vec![task.description.clone()];
+            queries.extend(clauses(&task.context));
+            for query in queries {
+                let hits: Vec<_> = docs
+                    .search(&query, self.config.grounding_passages)
+                    .into_iter()
+                    .filter(|p| p.coverage >= self.config.grounding_coverage)
+                    .filter(|p| {
+                        !steps.iter().any(|s| {
+                            s.observation
+                                .as_deref()
+                                .is_some_and(|o| o.contains(p.text.trim()))
+                        })
+                    })
+                    .collect();
+                if !hits.is_empty() {
+                    steps.push(StepTrace {
+                        step: "grounding".into(),
+                        tool: "search_docs".into(),
+                        args: json!({ "query": query }),
+                        observation: Some(format_passages(&hits)),
+                        error: None,
+                        grounded: true,
+                    });
+                }
             }
         }
     }
@@ -604,6 +618,16 @@ fn truncate_chars(s: &str, max: usize) -> String {
     }
 }
 
+/// Clauses of `text` with at least three words (split at sentence and clause marks), used
+/// as separate grounding queries.
+fn clauses(text: &str) -> Vec<String> {
+    text.split(['?', '.', '!', ';', ',', '\n'])
+        .map(str::trim)
+        .filter(|c| c.split_whitespace().count() >= 3)
+        .map(str::to_owned)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -644,6 +668,21 @@ mod tests {
             description: description.into(),
             context: String::new(),
         }
+    }
+
+    #[test]
+    fn goal_clauses_become_queries() {
+        let c = clauses(
+            "At what temperature do seeds germinate, and on which day does the shuttle dock? Go.",
+        );
+        assert_eq!(
+            c,
+            vec![
+                "At what temperature do seeds germinate".to_owned(),
+                "and on which day does the shuttle dock".to_owned()
+            ]
+        );
+        assert!(clauses("").is_empty());
     }
 
     #[tokio::test]

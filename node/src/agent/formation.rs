@@ -4,7 +4,8 @@
 //! valid call. An empty member list means "work alone".
 //!
 //! Bounds: at most [`FormationConfig::max_calls`] calls; the last one may only be
-//! `launch_group`. Candidate members are shown to the model under short labels (`A1`,
+//! `launch_group` (so is any call after two searches in a row that found nobody new).
+//! Candidate members are shown to the model under short labels (`A1`,
 //! `A2`, ...) and the schema's enum only allows labels it has seen, so a launch can never
 //! name an agent that does not exist. The contact book (past collaborators and how the
 //! work went) is part of the prompt.
@@ -132,7 +133,8 @@ pub fn call_schema(labels: &[String], force: bool, max_members: usize) -> Value 
             "tool": {"type": "string", "enum": tools},
             "queries": {
                 "type": "array",
-                "items": {"type": "string", "minLength": 3, "maxLength": 60},
+                // Plain words only: a small model otherwise drifts into URLs and code.
+                "items": {"type": "string", "pattern": "^[A-Za-z][A-Za-z ,-]{2,59}$"},
                 "maxItems": 3
             },
             "members": {
@@ -178,8 +180,10 @@ pub async fn form_team<S: AgentSearch>(
     let mut calls = Vec::new();
     let mut history: Vec<String> = Vec::new();
     let max_calls = config.max_calls.max(1);
+    // Searches in a row that found no new candidate; after two, launch is forced.
+    let mut dry_searches = 0;
     for i in 0..max_calls {
-        let force = i + 1 == max_calls;
+        let force = i + 1 == max_calls || (dry_searches >= 2 && !cands.is_empty());
         let labels: Vec<String> = cands.keys().cloned().collect();
         let schema = call_schema(&labels, force, config.max_members);
         let mut user = format!("Task: {task}\n");
@@ -207,13 +211,18 @@ pub async fn form_team<S: AgentSearch>(
         if force {
             user.push_str("This is your last call: launch the group now.\n");
         }
-        let raw: RawCall = llm
-            .decide(
-                vec![ChatMessage::system(SYSTEM), ChatMessage::user(user)],
-                &schema,
-                160,
-            )
-            .await?;
+        // One worked example: small models imitate far better than they follow rules.
+        let messages = vec![
+            ChatMessage::system(SYSTEM),
+            ChatMessage::user(
+                "Task: Translate our contract into German and check the tax figures.\nCandidates: none yet.\n",
+            ),
+            ChatMessage::assistant(
+                r#"{"tool": "search_agents", "queries": ["legal translation German", "tax accounting check"], "members": []}"#,
+            ),
+            ChatMessage::user(user),
+        ];
+        let raw: RawCall = llm.decide(messages, &schema, 160).await?;
         let call = if raw.tool == "search_agents" && !force {
             let queries: Vec<String> = raw
                 .queries
@@ -261,6 +270,11 @@ pub async fn form_team<S: AgentSearch>(
                 "search_agents({}) found {found} new",
                 queries.join(" | ")
             ));
+            if found == 0 {
+                dry_searches += 1;
+            } else {
+                dry_searches = 0;
+            }
             ToolCall::SearchAgents { queries }
         } else {
             let mut members: Vec<String> = Vec::new();

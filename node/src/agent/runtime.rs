@@ -601,21 +601,7 @@ impl Agent {
                     name: r.name.clone(),
                 });
             }
-            let params = LaunchParams {
-                group_id: group_id.clone(),
-                goal: task.to_owned(),
-                members,
-                initiator: self.0.me.clone(),
-                team_up_depth: depth,
-                max_depth: self.0.config.agent.max_depth,
-                max_turns: self.0.config.agent.max_turns,
-                config: ChatConfig {
-                    turn_timeout_ms: self.0.config.agent.turn_timeout_secs * 1000,
-                    task_timeout_ms: self.0.config.agent.turn_timeout_secs * 1000 * 3,
-                    repetition_threshold: if self.0.repetition_guard { 0.75 } else { 1.0 },
-                    ..ChatConfig::default()
-                },
-            };
+            let params = self.launch_params(group_id.clone(), task, members, depth);
             self.host_group(params, parent).await?
         };
         let (p1, c1, _) = self.0.llm.counters().snapshot();
@@ -1041,18 +1027,96 @@ impl Agent {
         let spec = TaskSpec {
             task_id: format!("{}/{}", req.group_id, req.task.id),
             description: req.task.desc.clone(),
-            context: format!("Team goal: {}", req.goal),
+            context: req.goal.clone(),
         };
-        match self.0.executor.run(&spec).await {
+        let alone = self.0.executor.run(&spec).await;
+        // Nested teams: when this node could not support its answer by itself (the
+        // verifier found it unsupported and no tool grounded it) and the group allows
+        // another level, it forms a sub-team for the task and hosts it.
+        let needs_help = match &alone {
+            Ok(out) => !out.verified && !out.steps.iter().any(|s| s.grounded),
+            Err(_) => true,
+        };
+        if let (true, Some(depth)) = (needs_help, req.sub_team_depth) {
+            let child = new_group_id();
+            let goal = format!("{} (for team goal: {})", req.task.desc, req.goal);
+            let sub = self.run_sub_team(goal, child.clone(), req.group_id.clone(), depth);
+            match sub.await {
+                Ok(Some(r)) => {
+                    return TaskReply {
+                        ok: true,
+                        result: r.conclusion,
+                        child_group: Some(child),
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::info!(error = %e, "sub-team failed; answering alone"),
+            }
+        }
+        match alone {
             Ok(out) => TaskReply {
                 ok: out.ok,
-                result: out.answer,
+                result: with_evidence(&out.answer, &out.steps),
                 child_group: None,
             },
             Err(e) => TaskReply {
                 ok: false,
                 result: e.to_string(),
                 child_group: None,
+            },
+        }
+    }
+
+    /// Forms and hosts a sub-team at `depth` under `parent`; `None` when formation chose
+    /// to work alone. Boxed: hosting a group can lead back here (a sub-team's assignee may
+    /// form its own), so the future type must not be recursive.
+    fn run_sub_team(
+        &self,
+        goal: String,
+        group_id: String,
+        parent: String,
+        depth: u32,
+    ) -> futures::future::BoxFuture<'static, Result<Option<TaskResult>, AgentError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let formation = this.form(&goal).await?;
+            if formation.members.is_empty() {
+                return Ok(None);
+            }
+            let mut members = vec![MemberRef {
+                id: this.0.me.clone(),
+                name: this.0.name.clone(),
+            }];
+            members.extend(formation.members.iter().map(|r| MemberRef {
+                id: r.node_id.clone(),
+                name: r.name.clone(),
+            }));
+            let params = this.launch_params(group_id, &goal, members, depth);
+            Ok(Some(this.host_group(params, Some(parent)).await?))
+        })
+    }
+
+    fn launch_params(
+        &self,
+        group_id: String,
+        goal: &str,
+        members: Vec<MemberRef>,
+        depth: u32,
+    ) -> LaunchParams {
+        let a = &self.0.config.agent;
+        LaunchParams {
+            group_id,
+            goal: goal.to_owned(),
+            members,
+            initiator: self.0.me.clone(),
+            team_up_depth: depth,
+            max_depth: a.max_depth.max(depth),
+            max_turns: a.max_turns,
+            config: ChatConfig {
+                turn_timeout_ms: a.turn_timeout_secs * 1000,
+                task_timeout_ms: a.turn_timeout_secs * 1000 * 3,
+                repetition_threshold: if self.0.repetition_guard { 0.75 } else { 1.0 },
+                ..ChatConfig::default()
             },
         }
     }
@@ -1369,4 +1433,88 @@ pub fn with_findings(conclusion: &str, tasks: &[Task], name_of: impl Fn(&str) ->
         ));
     }
     s
+}
+
+/// A task's answer followed by the document passages it rests on, quoted (a small model's
+/// answer may paraphrase a fact away; the quote keeps it, with where it came from).
+pub fn with_evidence(answer: &str, steps: &[super::executor::StepTrace]) -> String {
+    let mut quotes: Vec<&str> = Vec::new();
+    for s in steps {
+        if s.tool != "search_docs" || s.error.is_some() {
+            continue;
+        }
+        if let Some(o) = s.observation.as_deref().map(str::trim) {
+            if !o.is_empty() && !quotes.contains(&o) {
+                quotes.push(o);
+            }
+        }
+    }
+    if quotes.is_empty() {
+        return answer.trim().to_owned();
+    }
+    let mut out = answer.trim().to_owned();
+    out.push_str("\nEvidence from my documents:");
+    for q in quotes.iter().take(3) {
+        let q: String = q.chars().take(600).collect();
+        out.push_str("\n> ");
+        out.push_str(&q.replace('\n', "\n> "));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::executor::StepTrace;
+
+    fn step(tool: &str, obs: &str, error: Option<&str>) -> StepTrace {
+        StepTrace {
+            step: "s".into(),
+            tool: tool.into(),
+            args: serde_json::json!({}),
+            observation: Some(obs.into()),
+            error: error.map(str::to_owned),
+            grounded: true,
+        }
+    }
+
+    #[test]
+    fn evidence_quotes_document_passages_once() {
+        let steps = vec![
+            step("search_docs", "[a.md] Seeds germinate at 24 C.", None),
+            step("search_docs", "[a.md] Seeds germinate at 24 C.", None),
+            step("calculator", "4", None),
+            step("search_docs", "[b.md] broken", Some("failed")),
+        ];
+        let r = with_evidence("Warm is best.", &steps);
+        assert_eq!(r.matches("24 C").count(), 1, "{r}");
+        assert!(r.starts_with("Warm is best."));
+        assert!(!r.contains("broken") && !r.contains("\n> 4"));
+        assert_eq!(with_evidence(" plain ", &[]), "plain");
+    }
+
+    #[test]
+    fn findings_credit_each_finished_task() {
+        let task = |id: &str, state, result: Option<&str>| Task {
+            id: id.into(),
+            assignee: format!("n-{id}"),
+            assigner: "host".into(),
+            task_abstract: Some(format!("about {id}")),
+            desc: "d".into(),
+            mode: super::super::chat::TaskMode::Sync,
+            state,
+            assigned_turn: 1,
+            deadline: 0,
+            result: result.map(str::to_owned),
+            child_group: None,
+        };
+        let tasks = vec![
+            task("t1", TaskState::Done, Some("Thursday")),
+            task("t2", TaskState::Failed, Some("timeout")),
+        ];
+        let c = with_findings("Done.", &tasks, |id| id.to_uppercase());
+        assert!(c.contains("about t1 (N-T1): Thursday"), "{c}");
+        assert!(!c.contains("timeout"));
+        assert_eq!(with_findings("Done.", &[], |i| i.to_owned()), "Done.");
+    }
 }

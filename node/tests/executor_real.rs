@@ -1,0 +1,100 @@
+//! Task execution with the real default model (SmolLM2-135M-Instruct): a fact held only in
+//! the node's documents must reach the answer; arithmetic must reach the evidence.
+
+use std::path::Path;
+
+use starling_models::engine::{Engine, EngineConfig, ModelSlot};
+use starling_models::testing;
+use starling_node::agent::executor::{Executor, TaskOutcome, TaskSpec};
+use starling_node::agent::llm::Llm;
+use starling_node::agent::tools::{SearchDocs, ToolBox};
+
+fn real_llm() -> Llm {
+    let engine =
+        Engine::load(&testing::chat_model(), &EngineConfig::default()).expect("load chat model");
+    Llm::new(ModelSlot::new(engine))
+}
+
+fn write_docs(dir: &Path) {
+    std::fs::write(
+        dir.join("reactor.md"),
+        "# Zorblat reactor\n\nThe Zorblat reactor's coolant is liquid argon at 87 K. \
+         It was commissioned in the Quillon valley.\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("garden.txt"),
+        "Roses need six hours of sun a day and well drained soil.\n\n\
+         Tomatoes are watered every morning in summer.\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("ships.md"),
+        "The cargo ship Meridian carries grain between the northern ports every week.\n",
+    )
+    .expect("write");
+}
+
+fn report(out: &TaskOutcome) {
+    eprintln!(
+        "answer: {:?}\nverified: {} missing: {:?}\ntokens: {}",
+        out.answer, out.verified, out.missing, out.tokens
+    );
+    for s in &out.steps {
+        eprintln!(
+            "  step {:?} tool {} args {} grounded {} obs {:?} err {:?}",
+            s.step, s.tool, s.args, s.grounded, s.observation, s.error
+        );
+    }
+}
+
+#[tokio::test]
+async fn facts_from_documents_and_arithmetic_reach_the_answer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_docs(dir.path());
+    let tools = ToolBox::new()
+        .with_calculator()
+        .with_docs(SearchDocs::open(dir.path()).expect("index docs"));
+    let exec = Executor::new(real_llm(), tools);
+
+    let started = std::time::Instant::now();
+    let out = exec
+        .run(&TaskSpec {
+            task_id: "t1".into(),
+            description: "What coolant does the Zorblat reactor use?".into(),
+            context: String::new(),
+        })
+        .await
+        .expect("run");
+    eprintln!("coolant task took {:?}", started.elapsed());
+    report(&out);
+    assert!(out.ok);
+    assert!(
+        out.answer.to_lowercase().contains("argon"),
+        "answer misses the fact: {:?}",
+        out.answer
+    );
+    assert!(out
+        .steps
+        .iter()
+        .any(|s| s.tool == "search_docs" && s.observation.is_some()));
+
+    let started = std::time::Instant::now();
+    let out = exec
+        .run(&TaskSpec {
+            task_id: "t2".into(),
+            description: "What is 17 * 23 + 4?".into(),
+            context: String::new(),
+        })
+        .await
+        .expect("run");
+    eprintln!("arithmetic task took {:?}", started.elapsed());
+    report(&out);
+    assert!(out.ok);
+    // The exact result is in the evidence the answer is composed from. (Whether the 135M
+    // model copies it into its sentence varies; the coolant fact above it does copy.)
+    assert!(out
+        .steps
+        .iter()
+        .any(|s| s.grounded && s.observation.as_deref() == Some("17 * 23 + 4 = 395")));
+}
