@@ -113,6 +113,15 @@ pub enum Command {
     ///   starling reply h1a2b3c4d "Use the north greenhouse."
     #[command(verbatim_doc_comment)]
     Reply(commands::task::ReplyArgs),
+    /// Shared memories of the running node: add, search, list, forget.
+    ///
+    /// Examples:
+    ///   starling memory add --domain math --prompt "What is 12*3?" --answer "36"
+    ///   starling memory search "multiply twelve by three" --domain math -k 3
+    ///   starling memory list --author NODE_ID
+    ///   starling memory forget --author NODE_ID
+    #[command(subcommand, verbatim_doc_comment)]
+    Memory(commands::memory::MemoryCommand),
 }
 
 /// `starling models ...`
@@ -185,5 +194,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task(a) => commands::task::run(a),
         Command::Demo(a) => commands::demo::run(&home, a),
         Command::Reply(a) => commands::task::reply(a),
+        Command::Memory(c) => commands::memory::run(c),
     }
 }

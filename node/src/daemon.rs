@@ -139,10 +139,14 @@ pub struct NodeInner {
     pub app: AppState,
     /// The agent runtime.
     pub agent: Agent,
+    /// Shared memories (prompt-answer pairs) of the swarm.
+    pub memory: crate::memory::MemoryBook,
     /// The effective configuration.
     pub config: NodeConfig,
     /// Identity, database, peer cache.
     pub data_dir: PathBuf,
+    /// Model cache home (`--home`).
+    pub home: PathBuf,
     /// The HTTP API's bound address.
     pub api_addr: SocketAddr,
     /// When the node started.
@@ -251,12 +255,21 @@ impl Node {
             .ok_or_else(|| anyhow::anyhow!("no chat model loaded"))?;
         let model_id = slot.current().info().id.clone();
         let llm = Llm::new(slot);
+        let memory = crate::memory::MemoryBook::open(
+            node_store.clone(),
+            app.embedder(),
+            Some(swarm.clone()),
+            crate::memory::BookConfig::default(),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the memory book: {e}"))?;
+        memory.follow(swarm.clone(), cancel.clone());
         let agent = Agent::start(
             swarm.clone(),
             config.clone(),
             llm.clone(),
             app.embedder(),
-            Executor::new(llm, tools),
+            Executor::new(llm, tools).with_memory(memory.clone()),
             node_store,
             vec![model_id],
             AgentOptions {
@@ -279,13 +292,21 @@ impl Node {
             swarm,
             app: app.clone(),
             agent,
+            memory: memory.clone(),
             config,
             data_dir,
+            home: opts.home.clone(),
             api_addr,
             started: Instant::now(),
             cancel: cancel.clone(),
         }));
-        let routes = api::router_with(app.clone(), crate::api::node::router(node.clone()));
+        let routes = api::router_with(
+            app.clone(),
+            crate::api::node::router(node.clone()).merge(crate::memory::http::routes(
+                memory,
+                crate::memory::AdmissionConfig::default(),
+            )),
+        );
         let api_cancel = cancel.clone();
         tokio::spawn(async move {
             if let Err(e) = api::serve_router_on(listener, app, routes, api_cancel).await {

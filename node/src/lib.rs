@@ -11,5 +11,6 @@ pub mod config;
 pub mod daemon;
 pub mod eval;
 pub mod logging;
+pub mod memory;
 pub mod search;
 pub mod store;

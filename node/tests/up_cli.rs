@@ -120,6 +120,9 @@ fn two_nodes_by_hand_find_each_other_and_rejoin_from_cache() {
     assert_eq!(pb[0]["name"], "alice");
     assert_eq!(pb[0]["addr"], a.quic.to_string());
 
+    let other = write_tiny_llama(dir.path(), "tiny2", 256);
+    node_api_answers(a.api, &other);
+
     // Human-readable output lists the peer too.
     let out = cli(&["peers", "--api", &a.api.to_string()]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -166,4 +169,116 @@ fn bad_config_and_no_node_are_clear_errors() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("starling up"), "{err}");
+}
+
+/// The node API, metrics and dashboard of a running node, with hostile inputs.
+fn node_api_answers(api: SocketAddr, other_model: &Path) {
+    let other_model = other_model.display().to_string();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async move {
+        let c = reqwest::Client::new();
+        let base = format!("http://{api}");
+        let get = |path: &str| c.get(format!("{base}{path}")).send();
+        let r = get("/").await.expect("dashboard");
+        assert_eq!(r.status(), 200);
+        assert!(r
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("<title>Starling"));
+        let m = get("/metrics")
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .unwrap_or_default();
+        assert!(m.contains("starling_peers_up 1"), "{m}");
+        assert!(
+            m.contains("# TYPE starling_tokens_generated_total counter"),
+            "{m}"
+        );
+        let t = Instant::now();
+        loop {
+            let cards: Value = get("/api/cards")
+                .await
+                .expect("cards")
+                .json()
+                .await
+                .expect("json");
+            if cards.as_array().map_or(0, Vec::len) >= 2 {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "cards: {cards}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let hits: Value = get("/api/cards?q=assistant&k=5")
+            .await
+            .expect("search")
+            .json()
+            .await
+            .expect("json");
+        assert!(hits[0]["score"].is_number(), "{hits}");
+        for (path, status) in [
+            ("/api/cards?k=0", 400),
+            ("/api/groups/nope", 404),
+            ("/api/nothing", 404),
+        ] {
+            assert_eq!(get(path).await.expect(path).status(), status, "{path}");
+        }
+        let post = |path: &str, body: &str| {
+            c.post(format!("{base}{path}"))
+                .header("content-type", "application/json")
+                .body(body.to_owned())
+                .send()
+        };
+        for (path, body, status) in [
+            ("/api/tasks", r#"{"task": "   "}"#, 400),
+            ("/api/tasks", r#"{"task": 5}"#, 400),
+            ("/api/tasks", r#"{"task": "x", "evil": 1}"#, 400),
+            ("/api/tasks", "{not json", 400),
+            ("/api/human/h1", r#"{"answer": "yes"}"#, 404),
+            ("/api/human/h1", r#"{"answer": ""}"#, 400),
+        ] {
+            let r = post(path, body).await.expect(path);
+            assert_eq!(r.status(), status, "{path} {body}");
+            let v: Value = r.json().await.expect("error body");
+            assert!(v["error"]["message"].is_string(), "{v}");
+        }
+        let groups: Value = get("/api/groups")
+            .await
+            .expect("groups")
+            .json()
+            .await
+            .expect("json");
+        assert!(groups.is_array());
+        // Switching the active model: a bad one is refused and the old one stays.
+        let put = |body: String| {
+            c.put(format!("{base}/api/models/active"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+        };
+        let r = put(r#"{"model": "/no/such/model.gguf"}"#.into())
+            .await
+            .expect("put");
+        assert_eq!(r.status(), 400);
+        let before: Value = get("/api/models/active")
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(before["id"], "tiny", "{before}");
+        let r = put(serde_json::json!({ "model": other_model }).to_string())
+            .await
+            .expect("put");
+        assert_eq!(r.status(), 200);
+        let after: Value = get("/api/models/active")
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(after["id"], "tiny2", "{after}");
+    });
 }

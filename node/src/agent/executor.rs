@@ -29,6 +29,10 @@
 
 use std::fmt::Write as _;
 
+use crate::memory::{
+    admit, format_examples, AdmissionConfig, Admitted, Memory, MemoryBook, Pair, DEFAULT_DOMAIN,
+};
+
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use starling_models::chat::ChatMessage;
@@ -91,6 +95,9 @@ pub struct TaskOutcome {
     /// Model tokens spent (prompt + completion). Counted on the shared [`Llm`] counters, so
     /// tasks running at the same time on the same handle count each other's tokens too.
     pub tokens: u64,
+    /// Ids of the shared memories shown to the model as worked examples.
+    #[serde(default)]
+    pub examples: Vec<String>,
 }
 
 /// Knobs of the executor.
@@ -119,6 +126,13 @@ pub struct ExecutorConfig {
     /// tasks to an integrated external agent sets this to false: every step then calls a
     /// tool.
     pub allow_no_tool: bool,
+    /// Shared memories shown as worked examples when answering (default 2; 0: none).
+    pub memory_examples: usize,
+    /// Lowest cosine between the task and a memory's prompt for it to be shown (default
+    /// 0.6): an example about another subject makes a small model copy its facts.
+    pub memory_min_cosine: f32,
+    /// Offer verified answers for admission into the shared memories (default true).
+    pub admit_memories: bool,
 }
 
 impl Default for ExecutorConfig {
@@ -134,6 +148,9 @@ impl Default for ExecutorConfig {
             grounding_coverage: 0.5,
             grounding_passages: 2,
             allow_no_tool: true,
+            memory_examples: 2,
+            memory_min_cosine: 0.6,
+            admit_memories: true,
         }
     }
 }
@@ -169,6 +186,7 @@ pub struct Executor {
     llm: Llm,
     tools: ToolBox,
     config: ExecutorConfig,
+    memory: Option<MemoryBook>,
 }
 
 impl Executor {
@@ -179,7 +197,20 @@ impl Executor {
 
     /// An executor with `config`.
     pub fn with_config(llm: Llm, tools: ToolBox, config: ExecutorConfig) -> Self {
-        Self { llm, tools, config }
+        Self {
+            llm,
+            tools,
+            config,
+            memory: None,
+        }
+    }
+
+    /// Uses the node's shared memories: the best matching ones are worked examples in the
+    /// answer prompt (and get feedback from the verifier's verdict), and verified answers
+    /// are offered for admission.
+    pub fn with_memory(mut self, memory: MemoryBook) -> Self {
+        self.memory = Some(memory);
+        self
     }
 
     /// The tools offered.
@@ -202,12 +233,14 @@ impl Executor {
         }
 
         let facts = self.facts(&steps);
-        let mut answer = self.compose(task, &facts, None).await?;
+        let examples = self.examples(task).await;
+        let shown = format_examples(&examples);
+        let mut answer = self.compose(task, &facts, &shown, None).await?;
         let mut verdict = self.verify(task, &facts, &answer).await?;
         if !verdict.supported {
             debug!(task_id = %task.task_id, missing = %verdict.missing, "answer not supported; revising");
             let revised = self
-                .compose(task, &facts, Some((&answer, &verdict.missing)))
+                .compose(task, &facts, &shown, Some((&answer, &verdict.missing)))
                 .await?;
             if !revised.is_empty() {
                 answer = revised;
@@ -227,6 +260,7 @@ impl Executor {
             tokens,
             "task done"
         );
+        self.learn(task, &examples, ok && verdict.supported, &answer);
         Ok(TaskOutcome {
             ok,
             answer,
@@ -234,7 +268,69 @@ impl Executor {
             missing: (!verdict.supported && !verdict.missing.is_empty()).then_some(verdict.missing),
             steps,
             tokens,
+            examples: examples.into_iter().map(|m| m.id).collect(),
         })
+    }
+
+    /// Shared memories close enough to the task to serve as worked examples.
+    async fn examples(&self, task: &TaskSpec) -> Vec<Memory> {
+        let Some(book) = &self.memory else {
+            return Vec::new();
+        };
+        if self.config.memory_examples == 0 || book.is_empty() {
+            return Vec::new();
+        }
+        match book
+            .top_k(
+                DEFAULT_DOMAIN,
+                &task.description,
+                self.config.memory_examples,
+            )
+            .await
+        {
+            Ok(hits) => hits
+                .into_iter()
+                .filter(|h| h.cosine >= self.config.memory_min_cosine)
+                .map(|h| h.memory)
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "memory retrieval failed; answering without examples");
+                Vec::new()
+            }
+        }
+    }
+
+    /// After a task: feedback for the examples shown (helpful when the answer was
+    /// verified), and admission of a verified answer. In the background: the reply does
+    /// not wait for the admission score.
+    fn learn(&self, task: &TaskSpec, examples: &[Memory], verified: bool, answer: &str) {
+        let Some(book) = self.memory.clone() else {
+            return;
+        };
+        let ids: Vec<String> = examples.iter().map(|m| m.id.clone()).collect();
+        let pair = (verified && self.config.admit_memories).then(|| Pair {
+            domain: DEFAULT_DOMAIN.to_owned(),
+            prompt: task.description.clone(),
+            answer: answer.to_owned(),
+            source: Some(task.task_id.clone()),
+        });
+        let llm = self.llm.clone();
+        tokio::spawn(async move {
+            for id in ids {
+                if let Err(e) = book.feedback(&id, verified).await {
+                    debug!(error = %e, memory = %id, "memory feedback not recorded");
+                }
+            }
+            if let Some(pair) = pair {
+                match admit(&book, Some(&llm), &AdmissionConfig::default(), &pair, None).await {
+                    Ok(Admitted::Kept(m)) => {
+                        info!(memory = %m.id, "answer kept as a shared memory")
+                    }
+                    Ok(Admitted::Rejected(r)) => debug!(reason = %r, "answer not kept as a memory"),
+                    Err(e) => warn!(error = %e, "memory admission failed"),
+                }
+            }
+        });
     }
 
     /// Deterministic observations (see the module docs).
@@ -504,6 +600,7 @@ impl Executor {
         &self,
         task: &TaskSpec,
         facts: &str,
+        examples: &str,
         revise: Option<(&str, &str)>,
     ) -> Result<String, ExecutorError> {
         let system = if facts.is_empty() {
@@ -512,6 +609,9 @@ impl Executor {
             "Answer the task using the facts. Copy names and numbers from the facts exactly. Be brief."
         };
         let mut user = String::new();
+        if !examples.is_empty() {
+            let _ = writeln!(user, "{examples}");
+        }
         if !facts.is_empty() {
             let _ = write!(user, "Facts:\n{facts}\n\n");
         }
@@ -523,8 +623,9 @@ impl Executor {
             }
             let _ = write!(user, "\nWrite a better answer.");
         }
-        // No worked example here: with the default 135M model, an example's facts leak into
-        // answers to unrelated tasks.
+        // No fixed worked example here: with the default 135M model, an example's facts
+        // leak into answers to unrelated tasks. Shared memories are shown only when their
+        // prompt is close to this task (`memory_min_cosine`).
         let messages = vec![ChatMessage::system(system), ChatMessage::user(user)];
         self.llm
             .answer(messages, self.config.answer_tokens)

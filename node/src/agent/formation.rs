@@ -3,8 +3,17 @@
 //! every call produced by grammar-constrained decoding, so even a 135M model always emits a
 //! valid call. An empty member list means "work alone".
 //!
-//! Bounds: at most [`FormationConfig::max_calls`] calls; the last one may only be
-//! `launch_group` (so is any call after two searches in a row that found nobody new).
+//! Bounds: at most [`FormationConfig::max_calls`] calls. The first call is always a search
+//! (whether to work alone is decided knowing who is available; searching the local card
+//! book costs no network traffic). The last call may only be `launch_group` (so is any call
+//! after two searches in a row that found nobody new), and a forced launch must name at
+//! least one candidate its searches found. With [`FormationConfig::require_team`] (the
+//! node already tried alone and could not support its answer) every launch must name a
+//! candidate when there is one.
+//!
+//! The launch call is one yes/no decision per shown candidate (not a list to fill, which a
+//! small model tends to stop after one name). A team the model launched is then completed
+//! to cover every skill its own queries asked for ([`FormationConfig::cover_skills`]).
 //! Candidate members are shown to the model under short labels (`A1`,
 //! `A2`, ...) and the schema's enum only allows labels it has seen, so a launch can never
 //! name an agent that does not exist. The contact book (past collaborators and how the
@@ -33,6 +42,19 @@ pub struct FormationConfig {
     pub per_query: usize,
     /// Most members of a launched team (besides this node).
     pub max_members: usize,
+    /// Working alone is not an option while any candidate was found.
+    pub require_team: bool,
+    /// Complete a launched team so it covers every skill the model searched for: the
+    /// best match of each of its queries (when it really matches, see [`covers`]) joins
+    /// if the model left it out. Small models name too few members; their own queries
+    /// say which skills the task needs.
+    pub cover_skills: bool,
+}
+
+/// Whether a search hit really matches its query: they share a term, or their embeddings
+/// are close (all-MiniLM-L6-v2 puts unrelated short texts below about 0.3).
+pub fn covers(hit: &CardHit) -> bool {
+    hit.bm25 > 0.0 || hit.cosine >= 0.4
 }
 
 impl Default for FormationConfig {
@@ -41,6 +63,8 @@ impl Default for FormationConfig {
             max_calls: 10,
             per_query: 4,
             max_members: 4,
+            require_team: false,
+            cover_skills: true,
         }
     }
 }
@@ -110,59 +134,136 @@ struct RawCall {
     #[serde(default)]
     queries: Vec<String>,
     #[serde(default)]
-    members: Vec<String>,
+    members: BTreeMap<String, bool>,
 }
 
-/// The JSON Schema of the next call: `search_agents` with 1-3 short queries, or
-/// `launch_group` with members drawn from `labels` (only launch when `force`).
-pub fn call_schema(labels: &[String], force: bool, max_members: usize) -> Value {
-    let tools: Vec<&str> = if force {
-        vec!["launch_group"]
-    } else {
-        vec!["search_agents", "launch_group"]
-    };
-    let member_items = if labels.is_empty() {
-        // No candidates yet: only an empty team is possible.
-        json!({"type": "string", "enum": ["none"]})
-    } else {
-        json!({"type": "string", "enum": labels})
-    };
-    json!({
+/// Which tools the next call may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallStep {
+    /// Only `search_agents` (the first call).
+    SearchFirst,
+    /// Either tool.
+    Free,
+    /// Only `launch_group`.
+    ForcedLaunch,
+}
+
+/// Candidates the launch call decides on (the best-scored ones); more would make the
+/// prompt and the call too long for a small model's context.
+pub const MAX_SHOWN: usize = 12;
+
+/// The JSON Schema of the next call: `{"tool": "search_agents", "queries": [...]}` with 1-3
+/// plain-word queries, or `{"tool": "launch_group", "members": {"A1": true, ...}}` with one
+/// yes/no decision per shown candidate `labels` (all "no" means working alone). A decision
+/// per candidate, instead of a list to fill, keeps a small model from stopping after the
+/// first name it writes.
+pub fn call_schema(labels: &[String], step: CallStep) -> Value {
+    let search = json!({
         "type": "object",
         "properties": {
-            "tool": {"type": "string", "enum": tools},
+            "tool": {"const": "search_agents"},
             "queries": {
                 "type": "array",
                 // Plain words only: a small model otherwise drifts into URLs and code.
-                "items": {"type": "string", "pattern": "^[A-Za-z][A-Za-z ,-]{2,59}$"},
+                "items": {"type": "string", "pattern": "^[A-Za-z][A-Za-z ,-]{2,39}$"},
+                "minItems": 1,
                 "maxItems": 3
-            },
-            "members": {
-                "type": "array",
-                "items": member_items,
-                "maxItems": if labels.is_empty() { 0 } else { max_members }
             }
         },
-        "required": ["tool", "queries", "members"],
+        "required": ["tool", "queries"],
         "additionalProperties": false
-    })
+    });
+    let decisions: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|l| (l.clone(), json!({"type": "boolean"})))
+        .collect();
+    let launch = json!({
+        "type": "object",
+        "properties": {
+            "tool": {"const": "launch_group"},
+            "members": {
+                "type": "object",
+                "properties": decisions,
+                "required": labels,
+                "additionalProperties": false
+            }
+        },
+        "required": ["tool", "members"],
+        "additionalProperties": false
+    });
+    match step {
+        CallStep::SearchFirst => search,
+        CallStep::ForcedLaunch => launch,
+        CallStep::Free => json!({"anyOf": [search, launch]}),
+    }
 }
 
 const SYSTEM: &str = "You form a team of agents for a task. Tools:\n\
 - search_agents: find agents whose skills match; give 1-3 short queries, one per skill the task needs.\n\
-- launch_group: start the team with the chosen candidates (labels like A1). An empty list means you work alone.\n\
-Search first for every skill the task needs, then launch with the best candidate for each skill. \
-Answer with one JSON tool call.";
+- launch_group: start the team; say true for every candidate whose skill the task needs and false for the others. All false means you work alone.\n\
+Search first for every skill the task needs, then launch. Answer with one JSON tool call.";
 
-fn render_candidates(cands: &BTreeMap<String, (Recruit, String)>) -> String {
-    if cands.is_empty() {
-        return "Candidates: none yet.".into();
+/// Labels of the candidates a launch decides on: the [`MAX_SHOWN`] best-scored, in label
+/// order.
+fn shown_labels(cands: &BTreeMap<String, (Recruit, String)>) -> Vec<String> {
+    let mut by_score: Vec<(&String, f32)> = cands.iter().map(|(l, (r, _))| (l, r.score)).collect();
+    by_score.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut labels: Vec<String> = by_score
+        .into_iter()
+        .take(MAX_SHOWN)
+        .map(|(l, _)| l.clone())
+        .collect();
+    labels.sort_by_key(|l| {
+        l.trim_start_matches('A')
+            .parse::<usize>()
+            .unwrap_or(usize::MAX)
+    });
+    labels
+}
+
+fn render_candidates(cands: &BTreeMap<String, (Recruit, String)>, labels: &[String]) -> String {
+    if labels.is_empty() {
+        return "Candidates: none yet.\n".into();
     }
     let mut s = String::from("Candidates:\n");
-    for (label, (r, desc)) in cands {
-        s.push_str(&format!("{label}: {} - {desc}\n", r.name));
+    for label in labels {
+        if let Some((r, desc)) = cands.get(label) {
+            s.push_str(&format!("{label}: {} - {desc}\n", r.name));
+        }
     }
     s
+}
+
+/// The launched members: the chosen labels, best-scored first, then (when the model chose
+/// anyone) the best match of each skill query in `cover` that is missing, at most
+/// [`FormationConfig::max_members`] in all. When a team is required (a forced launch
+/// follows searches the model chose to make; `require_team` after an unsupported answer
+/// alone) and the model chose nobody, the best-scored candidate is taken first.
+fn pick_members(
+    cands: &BTreeMap<String, (Recruit, String)>,
+    mut chosen: Vec<String>,
+    cover: &[String],
+    need_one: bool,
+    config: &FormationConfig,
+) -> Vec<String> {
+    let score = |l: &String| cands.get(l).map_or(f32::MIN, |(r, _)| r.score);
+    if chosen.is_empty() && need_one {
+        chosen.extend(
+            shown_labels(cands)
+                .into_iter()
+                .max_by(|a, b| score(a).total_cmp(&score(b))),
+        );
+    }
+    chosen.sort_by(|a, b| score(b).total_cmp(&score(a)));
+    if !chosen.is_empty() {
+        for l in cover {
+            if !chosen.contains(l) && cands.contains_key(l) {
+                chosen.push(l.clone());
+            }
+        }
+    }
+    chosen.truncate(config.max_members.max(1));
+    chosen
 }
 
 /// Runs the loop. `self_id` is left out of every search result.
@@ -182,10 +283,19 @@ pub async fn form_team<S: AgentSearch>(
     let max_calls = config.max_calls.max(1);
     // Searches in a row that found no new candidate; after two, launch is forced.
     let mut dry_searches = 0;
+    // The label of each query's best hit, when it really matches the query.
+    let mut skill_tops: Vec<String> = Vec::new();
     for i in 0..max_calls {
         let force = i + 1 == max_calls || (dry_searches >= 2 && !cands.is_empty());
-        let labels: Vec<String> = cands.keys().cloned().collect();
-        let schema = call_schema(&labels, force, config.max_members);
+        let step = if force {
+            CallStep::ForcedLaunch
+        } else if i == 0 {
+            CallStep::SearchFirst
+        } else {
+            CallStep::Free
+        };
+        let labels = shown_labels(&cands);
+        let schema = call_schema(&labels, step);
         let mut user = format!("Task: {task}\n");
         if !contacts.is_empty() {
             user.push_str("Past collaborators: ");
@@ -202,7 +312,7 @@ pub async fn form_team<S: AgentSearch>(
             user.push_str(&parts.join("; "));
             user.push('\n');
         }
-        user.push_str(&render_candidates(&cands));
+        user.push_str(&render_candidates(&cands, &labels));
         if !history.is_empty() {
             user.push_str("Calls so far: ");
             user.push_str(&history.join("; "));
@@ -211,18 +321,35 @@ pub async fn form_team<S: AgentSearch>(
         if force {
             user.push_str("This is your last call: launch the group now.\n");
         }
-        // One worked example: small models imitate far better than they follow rules.
+        // One worked example: small models imitate far better than they follow rules. It
+        // shows a candidate turned down, so "everyone" is not the pattern to copy.
         let messages = vec![
             ChatMessage::system(SYSTEM),
             ChatMessage::user(
                 "Task: Translate our contract into German and check the tax figures.\nCandidates: none yet.\n",
             ),
             ChatMessage::assistant(
-                r#"{"tool": "search_agents", "queries": ["legal translation German", "tax accounting check"], "members": []}"#,
+                r#"{"tool": "search_agents", "queries": ["legal translation German", "tax accounting check"]}"#,
+            ),
+            ChatMessage::user(
+                "Task: Translate our contract into German and check the tax figures.\nCandidates:\nA1: lena - Translates legal documents between English and German.\nA2: mira - Paints murals and designs posters.\nA3: otto - Accountant who reviews tax returns and figures.\nCalls so far: search_agents(legal translation German | tax accounting check) found 3 new\n",
+            ),
+            ChatMessage::assistant(
+                r#"{"tool": "launch_group", "members": {"A1": true, "A2": false, "A3": true}}"#,
             ),
             ChatMessage::user(user),
         ];
-        let raw: RawCall = llm.decide(messages, &schema, 160).await?;
+        // Room for the longest call the schema allows, even spelled one character per token.
+        let budget = 200 + 16 * labels.len();
+        let raw: RawCall = llm.decide(messages, &schema, budget).await?;
+        tracing::debug!(
+            call = i + 1,
+            tool = %raw.tool,
+            queries = ?raw.queries,
+            members = ?raw.members,
+            candidates = cands.len(),
+            "team formation call"
+        );
         let call = if raw.tool == "search_agents" && !force {
             let queries: Vec<String> = raw
                 .queries
@@ -238,18 +365,26 @@ pub async fn form_team<S: AgentSearch>(
             };
             let mut found = 0;
             for q in &queries {
+                let mut first = true;
                 for hit in search.search(q, config.per_query + 1).await {
                     let id = hit.card.node_id.clone();
                     if id == self_id {
                         continue;
                     }
+                    let top = std::mem::take(&mut first) && covers(&hit);
                     if let Some(label) = by_node.get(&id) {
                         if let Some((r, _)) = cands.get_mut(label) {
                             r.score = r.score.max(hit.score);
                         }
+                        if top && !skill_tops.contains(label) {
+                            skill_tops.push(label.clone());
+                        }
                         continue;
                     }
                     let label = format!("A{}", cands.len() + 1);
+                    if top {
+                        skill_tops.push(label.clone());
+                    }
                     let desc: String = hit.card.card.description.chars().take(120).collect();
                     by_node.insert(id.clone(), label.clone());
                     cands.insert(
@@ -277,12 +412,17 @@ pub async fn form_team<S: AgentSearch>(
             }
             ToolCall::SearchAgents { queries }
         } else {
-            let mut members: Vec<String> = Vec::new();
-            for m in raw.members {
-                if cands.contains_key(&m) && !members.contains(&m) {
-                    members.push(m);
-                }
-            }
+            let chosen: Vec<String> = labels
+                .iter()
+                .filter(|l| raw.members.get(*l).copied().unwrap_or(false))
+                .cloned()
+                .collect();
+            let cover: &[String] = if config.cover_skills {
+                &skill_tops
+            } else {
+                &[]
+            };
+            let members = pick_members(&cands, chosen, cover, force || config.require_team, config);
             calls.push(ToolCall::LaunchGroup {
                 members: members.clone(),
             });
@@ -331,7 +471,7 @@ mod tests {
         starling_models::testing::write_tiny_llama(
             &path,
             candle_core::quantized::GgmlDType::Q8_0,
-            1024,
+            4096,
         );
         let llm = Llm::new(ModelSlot::new(
             Engine::load(&path, &EngineConfig::default()).unwrap(),
@@ -372,6 +512,12 @@ mod tests {
             .await
             .unwrap();
             assert!(f.calls.len() <= max_calls, "{f:?}");
+            if max_calls > 1 {
+                assert!(
+                    matches!(f.calls[0], ToolCall::SearchAgents { .. }),
+                    "the first call searches: {f:?}"
+                );
+            }
             assert!(
                 matches!(f.calls.last(), Some(ToolCall::LaunchGroup { .. })),
                 "{f:?}"
@@ -388,17 +534,61 @@ mod tests {
 
     #[test]
     fn schema_only_allows_known_labels_and_forced_launch() {
-        let s = call_schema(&["A1".into(), "A2".into()], true, 3);
-        assert_eq!(s["properties"]["tool"]["enum"], json!(["launch_group"]));
+        let labels = vec!["A1".to_string(), "A2".to_string()];
+        let s = call_schema(&labels, CallStep::ForcedLaunch);
+        assert_eq!(s["properties"]["tool"]["const"], json!("launch_group"));
+        assert_eq!(s["properties"]["members"]["required"], json!(["A1", "A2"]));
         assert_eq!(
-            s["properties"]["members"]["items"]["enum"],
-            json!(["A1", "A2"])
+            s["properties"]["members"]["additionalProperties"],
+            json!(false)
         );
-        let s = call_schema(&[], false, 3);
-        assert_eq!(s["properties"]["members"]["maxItems"], json!(0));
+        let s = call_schema(&[], CallStep::SearchFirst);
+        assert_eq!(s["properties"]["tool"]["const"], json!("search_agents"));
+        let s = call_schema(&labels, CallStep::Free);
+        assert_eq!(s["anyOf"].as_array().map(Vec::len), Some(2));
+    }
+
+    fn cand(label: &str, score: f32) -> (String, (Recruit, String)) {
+        (
+            label.to_string(),
+            (
+                Recruit {
+                    node_id: format!("n-{label}"),
+                    name: label.to_lowercase(),
+                    score,
+                },
+                String::new(),
+            ),
+        )
+    }
+
+    #[test]
+    fn launch_keeps_the_best_chosen_and_falls_back_only_when_a_team_is_needed() {
+        let cands: BTreeMap<_, _> = [cand("A1", 0.2), cand("A2", 0.9), cand("A3", 0.5)]
+            .into_iter()
+            .collect();
+        let cfg = FormationConfig {
+            max_members: 2,
+            ..FormationConfig::default()
+        };
+        let all = vec!["A1".to_string(), "A2".to_string(), "A3".to_string()];
         assert_eq!(
-            s["properties"]["tool"]["enum"],
-            json!(["search_agents", "launch_group"])
+            pick_members(&cands, all, &[], false, &cfg),
+            vec!["A2", "A3"]
         );
+        assert!(pick_members(&cands, vec![], &[], false, &cfg).is_empty());
+        assert_eq!(pick_members(&cands, vec![], &[], true, &cfg), vec!["A2"]);
+        // Skill coverage completes a team, never turns "alone" into a team.
+        let cover = vec!["A1".to_string(), "A2".to_string()];
+        assert_eq!(
+            pick_members(&cands, vec!["A2".into()], &cover, false, &cfg),
+            vec!["A2", "A1"]
+        );
+        assert!(pick_members(&cands, vec![], &cover, false, &cfg).is_empty());
+        let many: BTreeMap<_, _> = (1..=20).map(|i| cand(&format!("A{i}"), i as f32)).collect();
+        let shown = shown_labels(&many);
+        assert_eq!(shown.len(), MAX_SHOWN);
+        assert_eq!(shown.first().map(String::as_str), Some("A9"));
+        assert_eq!(shown.last().map(String::as_str), Some("A20"));
     }
 }

@@ -36,6 +36,10 @@ pub struct TokenCounters {
     pub completion: AtomicU64,
     /// Calls made.
     pub calls: AtomicU64,
+    /// Milliseconds spent generating (decode), for tokens per second.
+    pub generation_ms: AtomicU64,
+    /// Calls waiting for or running on the model right now.
+    pub in_flight: AtomicU64,
 }
 
 impl TokenCounters {
@@ -103,6 +107,14 @@ impl Llm {
         max_tokens: usize,
         constraint: Option<Constraint>,
     ) -> Result<String, LlmError> {
+        struct InFlight<'a>(&'a AtomicU64);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _guard = InFlight(&self.counters.in_flight);
         let engine = self.slot.current();
         let req = GenerateRequest {
             prompt: Prompt::Chat(messages),
@@ -119,6 +131,9 @@ impl Llm {
             .completion
             .fetch_add(done.completion_tokens as u64, Ordering::Relaxed);
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .generation_ms
+            .fetch_add(done.generation_ms.max(0.0) as u64, Ordering::Relaxed);
         Ok(text)
     }
 

@@ -257,6 +257,9 @@ struct Inner {
     human: Mutex<HashMap<String, PendingHuman>>,
     /// Disable the repetition guard (for measuring what it saves).
     repetition_guard: bool,
+    /// Chat messages sent to members (per recipient) and received from hosts.
+    pub(crate) messages_sent: std::sync::atomic::AtomicU64,
+    pub(crate) messages_received: std::sync::atomic::AtomicU64,
     cancel: CancellationToken,
 }
 
@@ -338,6 +341,8 @@ impl Agent {
             names: Mutex::new(HashMap::new()),
             human: Mutex::new(HashMap::new()),
             repetition_guard: opts.repetition_guard,
+            messages_sent: Default::default(),
+            messages_received: Default::default(),
             cancel,
         }));
         // Every card we already have (persisted by the record store), then our own.
@@ -385,6 +390,15 @@ impl Agent {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.0.store
+    }
+
+    /// (messages sent to members, messages received from hosts).
+    pub fn message_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.0.messages_sent.load(Relaxed),
+            self.0.messages_received.load(Relaxed),
+        )
     }
 
     /// The model handle (token counters).
@@ -519,16 +533,16 @@ impl Agent {
 
     /// Forms a team for `task` with the model (formation only, no chat).
     pub async fn form(&self, task: &str) -> Result<Formation, AgentError> {
+        self.form_with(task, FormationConfig::default()).await
+    }
+
+    async fn form_with(
+        &self,
+        task: &str,
+        config: FormationConfig,
+    ) -> Result<Formation, AgentError> {
         let contacts = self.contact_lines().await;
-        Ok(form_team(
-            &self.0.llm,
-            self,
-            task,
-            &self.0.me,
-            &contacts,
-            &FormationConfig::default(),
-        )
-        .await?)
+        Ok(form_team(&self.0.llm, self, task, &self.0.me, &contacts, &config).await?)
     }
 
     /// Handles a task submitted to this node: forms a team (or works alone), runs the
@@ -563,13 +577,14 @@ impl Agent {
             group_id: group_id.clone(),
             task: task.to_owned(),
         });
-        let formation = self.form(task).await?;
+        let mut formation = self.form(task).await?;
         self.emit(AgentEvent::TeamFormed {
             group_id: group_id.clone(),
             members: formation.members.iter().map(|m| m.name.clone()).collect(),
             calls: formation.calls.len(),
         });
-        let result = if formation.members.is_empty() {
+        let mut alone = None;
+        if formation.members.is_empty() {
             let out = self
                 .0
                 .executor
@@ -579,6 +594,35 @@ impl Agent {
                     context: String::new(),
                 })
                 .await?;
+            // The model chose to work alone but the answer has no support (the verifier
+            // rejected it and nothing on this node grounded it): ask the swarm after all,
+            // this time with working alone ruled out while candidates exist.
+            if needs_help(&out) {
+                let again = self
+                    .form_with(
+                        task,
+                        FormationConfig {
+                            require_team: true,
+                            ..FormationConfig::default()
+                        },
+                    )
+                    .await?;
+                if !again.members.is_empty() {
+                    tracing::info!(
+                        members = again.members.len(),
+                        "answer alone was unsupported; forming a team"
+                    );
+                    self.emit(AgentEvent::TeamFormed {
+                        group_id: group_id.clone(),
+                        members: again.members.iter().map(|m| m.name.clone()).collect(),
+                        calls: again.calls.len(),
+                    });
+                    formation = again;
+                }
+            }
+            alone = Some(out);
+        }
+        let result = if let (Some(out), true) = (alone, formation.members.is_empty()) {
             self.emit(AgentEvent::Concluded {
                 group_id: group_id.clone(),
                 conclusion: out.answer.clone(),
@@ -851,6 +895,9 @@ impl Agent {
             .filter_map(|m| m.id.parse().ok())
             .collect();
         if !others.is_empty() {
+            self.0
+                .messages_sent
+                .fetch_add(others.len() as u64, std::sync::atomic::Ordering::Relaxed);
             let body = serde_json::to_vec(&note).unwrap_or_default();
             let swarm = self.0.swarm.clone();
             tokio::spawn(async move {
@@ -1034,7 +1081,7 @@ impl Agent {
         // verifier found it unsupported and no tool grounded it) and the group allows
         // another level, it forms a sub-team for the task and hosts it.
         let needs_help = match &alone {
-            Ok(out) => !out.verified && !out.steps.iter().any(|s| s.grounded),
+            Ok(out) => needs_help(out),
             Err(_) => true,
         };
         if let (true, Some(depth)) = (needs_help, req.sub_team_depth) {
@@ -1232,6 +1279,9 @@ impl Agent {
                     return Err(rpc_err(RpcErrorCode::BadRequest, "message too large"));
                 }
                 tracing::debug!(from = %from, group = %n.message.group_id, "chat message");
+                self.0
+                    .messages_received
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // A member keeps the group it takes part in (state as last seen).
                 let now = now_ms() as i64;
                 let known = self
@@ -1285,6 +1335,12 @@ pub struct GroupBody {
     pub depth: u32,
     /// Conclusion, once concluded.
     pub conclusion: Option<String>,
+}
+
+/// Whether an answer this node produced alone lacks support: the verifier rejected it and
+/// no passage or calculation on this node grounded it.
+fn needs_help(out: &super::executor::TaskOutcome) -> bool {
+    !out.verified && !out.steps.iter().any(|s| s.grounded)
 }
 
 /// Wire name of a chat state.

@@ -55,6 +55,14 @@ pub enum EvalCommand {
     ///   starling eval synth-team --cards 1200 --tasks 500 --seed 1 --out tasks.jsonl
     #[command(verbatim_doc_comment)]
     SynthTeam(SynthTeamArgs),
+    /// Score the node's memory retrieval (hybrid + prior) against BM25 alone: Recall@1,
+    /// Recall@3 and MRR, optionally before/after a simulated feedback round.
+    ///
+    /// Examples:
+    ///   starling eval memory --memories memories.jsonl --queries queries.jsonl
+    ///   starling eval memory --memories m.jsonl --queries q.jsonl --feedback --json
+    #[command(verbatim_doc_comment)]
+    Memory(super::eval_memory::EvalMemoryArgs),
 }
 
 /// Arguments of `starling eval team-formation`.
@@ -120,6 +128,7 @@ pub fn run(home: &Path, command: EvalCommand) -> anyhow::Result<()> {
     match command {
         EvalCommand::TeamFormation(args) => run_team_formation(home, args),
         EvalCommand::SynthTeam(args) => run_synth_team(args),
+        EvalCommand::Memory(args) => super::eval_memory::run(home, args),
     }
 }
 

@@ -1,0 +1,52 @@
+//! `starling eval memory`: retrieval quality of the memory book on a labelled file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::source::{registry, ModelCache, Progress};
+
+use crate::memory::eval::{evaluate, load_jsonl, render, EvalMemory, EvalQuery};
+
+/// Arguments of `starling eval memory`.
+#[derive(Debug, Args)]
+pub struct EvalMemoryArgs {
+    /// Memories: JSON Lines of {"id", "domain", "prompt", "answer"}.
+    #[arg(long)]
+    pub memories: PathBuf,
+    /// Queries: JSON Lines of {"query", "domain", "relevant": [ids]}.
+    #[arg(long)]
+    pub queries: PathBuf,
+    /// Also simulate one round of usage feedback (labels of half the queries) and report the
+    /// other half before and after.
+    #[arg(long)]
+    pub feedback: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Embedding model: a registry name, a directory, or a source.
+    #[arg(long, env = "STARLING_EMBED_MODEL", default_value = "all-minilm-l6-v2")]
+    pub embed_model: String,
+}
+
+/// Runs `starling eval memory`.
+pub fn run(home: &Path, args: EvalMemoryArgs) -> anyhow::Result<()> {
+    let memories: Vec<EvalMemory> = load_jsonl(&args.memories)?;
+    let queries: Vec<EvalQuery> = load_jsonl(&args.queries)?;
+    let cache = ModelCache::new(home);
+    let source = registry::parse_spec(&args.embed_model)?;
+    let dir = cache
+        .resolve(&source, &Progress::new())
+        .with_context(|| format!("cannot get embedding model `{}`", args.embed_model))?;
+    let embedder =
+        BertEmbedder::load(&dir).with_context(|| format!("cannot load {}", dir.display()))?;
+    let handle = EmbedHandle::spawn(embedder)?;
+    let report = super::block_on(evaluate(&memories, &queries, Some(handle), args.feedback))??;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(())
+}

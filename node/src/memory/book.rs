@@ -1,0 +1,1067 @@
+//! [`MemoryBook`]: the node's shared memories, indexed for retrieval, persisted in the
+//! [`Store`], and published/received as signed swarm records.
+//!
+//! # Ranking
+//!
+//! Each domain has its own [`HybridIndex`] over the memories' prompts (BM25 + cosine of the
+//! prompt embeddings, fused as the search module describes). The fused relevance is
+//! multiplied by a prior:
+//!
+//! ```text
+//! prior = quality(score) * trust(author) * usefulness(helpful, unhelpful)
+//! quality    = 0.5 + 0.05 * score                  (score 0..10 -> 0.5..1.0)
+//! trust      = the author's local trust (default 1, clamped to 0..4)
+//! usefulness = 2 * (helpful + 1) / (helpful + unhelpful + 2)
+//! ```
+//!
+//! `usefulness` is twice the mean of a Beta(1 + helpful, 1 + unhelpful) posterior: 1 for a
+//! memory without feedback, towards 2 for one that helped every time, towards 0 for one that
+//! never did, and a single report moves it by a third at most, so one bad outcome does not
+//! bury a memory. Authors marked ignored are not indexed at all.
+//!
+//! # Flooding
+//!
+//! The top-k holds at most `ceil(k * max_author_share)` memories from any one author (half
+//! by default) unless no other author has a relevant memory: when an author reaches its
+//! share, the search is repeated with that author's memories (and those already taken)
+//! weighted 0, so the best memories of *other* authors are found however many memories the
+//! flooding author has. Trust then orders what is left.
+//!
+//! # Duplicates
+//!
+//! A memory whose prompt, in the same domain, normalises to the same text as a kept one, or
+//! whose prompt embedding has cosine >= `duplicate_cosine` with one, is not stored: the first
+//! one kept stays, and the caller is told which one it duplicates.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use starling_discovery::{Record, Swarm};
+use starling_models::embed::EmbedHandle;
+
+use super::record::{normalize_text, Memory, MemoryBody, MemoryError, MEMORY_KIND};
+use crate::search::{HybridIndex, HybridOptions};
+use crate::store::{AuthorTrust, MemoryFilter, MemoryRecord, Store, StoreError};
+
+/// Settings key holding the feedback counts (JSON map id -> [helpful, unhelpful]).
+const FEEDBACK_KEY: &str = "memory.feedback";
+/// Texts embedded per call when loading or ingesting in bulk.
+const EMBED_BATCH: usize = 64;
+
+/// Why a memory operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BookError {
+    /// The memory is invalid.
+    #[error(transparent)]
+    Invalid(#[from] MemoryError),
+    /// The database failed.
+    #[error("memory store: {0}")]
+    Store(#[from] StoreError),
+    /// The embedding model failed.
+    #[error("embedding failed: {0}")]
+    Embed(String),
+    /// Publishing the record failed.
+    #[error("cannot publish the memory: {0}")]
+    Publish(String),
+    /// The memory does not exist.
+    #[error("no memory {0}")]
+    NotFound(String),
+}
+
+/// Tunables of the memory book.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BookConfig {
+    /// Cosine of prompt embeddings at or above which two memories of one domain are
+    /// duplicates. The check scans the domain's pool (one dense pass per new memory); a
+    /// value above 1 turns it off (normalised-text duplicates are still caught).
+    pub duplicate_cosine: f32,
+    /// Weight of the cosine in the fused relevance.
+    pub semantic_weight: f32,
+    /// Weight of BM25 in the fused relevance.
+    pub lexical_weight: f32,
+    /// Largest share of the top-k one author may hold while others have relevant memories.
+    pub max_author_share: f32,
+}
+
+impl Default for BookConfig {
+    fn default() -> Self {
+        Self {
+            duplicate_cosine: 0.95,
+            semantic_weight: 0.7,
+            lexical_weight: 0.3,
+            max_author_share: 0.5,
+        }
+    }
+}
+
+/// What became of a memory given to the book.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Inserted {
+    /// Stored and indexed.
+    Added(Memory),
+    /// Already known under this id (nothing changed).
+    Known(String),
+    /// A near-duplicate of the kept memory with this id; not stored.
+    Duplicate {
+        /// The kept memory.
+        of: String,
+    },
+    /// From an ignored author, or forgotten here; not indexed.
+    Ignored,
+}
+
+/// One retrieved memory with its scores.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryHit {
+    /// The memory (author included).
+    pub memory: Memory,
+    /// Final score (relevance x prior).
+    pub score: f32,
+    /// Cosine of the query and the memory's prompt.
+    pub cosine: f32,
+    /// BM25 of the query against the prompt.
+    pub bm25: f32,
+}
+
+/// Local data kept in the store's body column next to each memory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct StoredBody {
+    #[serde(default)]
+    source: Option<String>,
+    /// Embedding model id of `embedding`.
+    #[serde(default)]
+    model: String,
+    /// The prompt embedding, quantised to i8 and base64-encoded, with its scale.
+    #[serde(default)]
+    embedding: Option<(String, f32)>,
+}
+
+fn pack_embedding(v: &[f32]) -> (String, f32) {
+    let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+    // |x / scale| <= 127, so the cast cannot saturate.
+    let bytes: Vec<u8> = v
+        .iter()
+        .map(|x| ((x / scale).round() as i8) as u8)
+        .collect();
+    (
+        base64::engine::general_purpose::STANDARD.encode(bytes),
+        scale,
+    )
+}
+
+fn unpack_embedding(packed: &(String, f32), dim: usize) -> Option<Vec<f32>> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&packed.0)
+        .ok()?;
+    (bytes.len() == dim).then(|| bytes.iter().map(|&b| (b as i8) as f32 * packed.1).collect())
+}
+
+struct Pool {
+    index: HybridIndex,
+}
+
+struct Slot {
+    memory: Memory,
+    /// Unit prompt embedding (empty without an embedder).
+    embedding: Vec<f32>,
+    /// Normalised prompt, for duplicate detection.
+    norm: String,
+}
+
+struct State {
+    pools: HashMap<String, Pool>,
+    /// Indexed memories by key (the index of the slot).
+    slots: Vec<Option<Slot>>,
+    /// Memory id -> key, for indexed memories.
+    keys: HashMap<String, u64>,
+    /// (domain, normalised prompt) -> memory id.
+    texts: HashMap<(String, String), String>,
+    /// Known but not indexed (ignored author): kept to re-index when the author is trusted
+    /// again.
+    parked: HashMap<String, (Memory, Vec<f32>)>,
+    /// Forgotten ids (never indexed again).
+    forgotten: HashSet<String>,
+    trust: HashMap<String, AuthorTrust>,
+    feedback: HashMap<String, (u32, u32)>,
+    /// Prior of each slot (0 for a free slot).
+    priors: Vec<f32>,
+}
+
+struct Inner {
+    store: Store,
+    embedder: Option<EmbedHandle>,
+    swarm: Option<Swarm>,
+    me: String,
+    config: BookConfig,
+    dim: usize,
+    state: RwLock<State>,
+}
+
+/// The node's memories: see the module docs. Cheap to clone.
+#[derive(Clone)]
+pub struct MemoryBook(Arc<Inner>);
+
+impl std::fmt::Debug for MemoryBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBook")
+            .field("me", &self.0.me)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+/// `0.5 + 0.05 * score`: the admission score's share of the prior.
+fn quality(score: f32) -> f32 {
+    0.5 + 0.05 * score.clamp(0.0, 10.0)
+}
+
+/// Twice the mean of Beta(1 + helpful, 1 + unhelpful).
+pub fn usefulness(helpful: u32, unhelpful: u32) -> f32 {
+    2.0 * (helpful as f32 + 1.0) / (helpful as f32 + unhelpful as f32 + 2.0)
+}
+
+fn now_ms() -> i64 {
+    starling_discovery::records::now_ms() as i64
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+fn unit(mut v: Vec<f32>) -> Option<Vec<f32>> {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if !n.is_finite() || n == 0.0 {
+        return None;
+    }
+    v.iter_mut().for_each(|x| *x /= n);
+    Some(v)
+}
+
+impl MemoryBook {
+    /// Opens the book over `store`: loads every kept memory (re-embedding those stored
+    /// without a vector of the current model), the author trusts and the feedback counts.
+    ///
+    /// `swarm` is used to publish new memories (`None`: memories stay local, with random
+    /// ids). `me` is this node's id (the author of local memories).
+    pub async fn open(
+        store: Store,
+        embedder: Option<EmbedHandle>,
+        swarm: Option<Swarm>,
+        config: BookConfig,
+    ) -> Result<Self, BookError> {
+        let me = swarm
+            .as_ref()
+            .map_or_else(|| "local".to_owned(), |s| s.node_id().to_string());
+        let dim = embedder.as_ref().map_or(1, EmbedHandle::dim);
+        let trust: HashMap<String, AuthorTrust> = store
+            .author_trusts()
+            .await?
+            .into_iter()
+            .map(|t| (t.author.clone(), t))
+            .collect();
+        let feedback: HashMap<String, (u32, u32)> = match store.kv_get(FEEDBACK_KEY).await? {
+            Some(json) => serde_json::from_str(&json).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "memory feedback counts unreadable; starting afresh");
+                HashMap::new()
+            }),
+            None => HashMap::new(),
+        };
+        let book = Self(Arc::new(Inner {
+            store: store.clone(),
+            embedder,
+            swarm,
+            me,
+            config,
+            dim,
+            state: RwLock::new(State {
+                pools: HashMap::new(),
+                slots: Vec::new(),
+                keys: HashMap::new(),
+                texts: HashMap::new(),
+                parked: HashMap::new(),
+                forgotten: HashSet::new(),
+                trust,
+                feedback,
+                priors: Vec::new(),
+            }),
+        }));
+        let rows: Vec<MemoryRecord<StoredBody>> = store
+            .memories(&MemoryFilter {
+                include_forgotten: true,
+                ..MemoryFilter::default()
+            })
+            .await?;
+        let model = book.model_id();
+        let mut missing = Vec::new();
+        let mut loaded = Vec::with_capacity(rows.len());
+        for row in rows {
+            if row.forgotten {
+                book.write().forgotten.insert(row.id.clone());
+                continue;
+            }
+            let emb = match (&row.body.embedding, row.body.model == model) {
+                (Some(p), true) => unpack_embedding(p, dim),
+                _ => None,
+            };
+            if emb.is_none() {
+                missing.push(loaded.len());
+            }
+            let memory = Memory {
+                id: row.id,
+                author: row.author,
+                domain: row.domain,
+                prompt: row.prompt,
+                answer: row.answer,
+                source: row.body.source,
+                score: row.score as f32,
+                created_at: row.created_at,
+                helpful: 0,
+                unhelpful: 0,
+            };
+            loaded.push((memory, emb));
+        }
+        if !missing.is_empty() {
+            tracing::info!(count = missing.len(), "embedding stored memories");
+            for chunk in missing.chunks(EMBED_BATCH) {
+                let texts = chunk.iter().map(|&i| loaded[i].0.prompt.clone()).collect();
+                let vs = book.embed(texts).await?;
+                for (&i, v) in chunk.iter().zip(vs) {
+                    loaded[i].1 = Some(v);
+                }
+            }
+        }
+        {
+            let mut st = book.write();
+            for (memory, emb) in loaded {
+                let emb = emb.unwrap_or_default();
+                book.index_locked(&mut st, memory, emb);
+            }
+        }
+        tracing::debug!(memories = book.len(), "memory book open");
+        Ok(book)
+    }
+
+    /// This node's id as memory author.
+    pub fn me(&self) -> &str {
+        &self.0.me
+    }
+
+    /// The store behind the book.
+    pub fn store(&self) -> &Store {
+        &self.0.store
+    }
+
+    /// The embedding model, if any.
+    pub fn embedder(&self) -> Option<&EmbedHandle> {
+        self.0.embedder.as_ref()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &BookConfig {
+        &self.0.config
+    }
+
+    /// Number of indexed memories.
+    pub fn len(&self) -> usize {
+        self.read().keys.len()
+    }
+
+    /// Whether no memory is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Indexed memories per domain.
+    pub fn domains(&self) -> Vec<(String, usize)> {
+        let st = self.read();
+        let mut v: Vec<(String, usize)> = st
+            .pools
+            .iter()
+            .map(|(d, p)| (d.clone(), p.index.len()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// An indexed memory by id.
+    pub fn get(&self, id: &str) -> Option<Memory> {
+        let st = self.read();
+        let key = *st.keys.get(id)?;
+        st.slots[key as usize].as_ref().map(|s| s.memory.clone())
+    }
+
+    /// Indexed memories, newest first, optionally of one domain and/or author.
+    pub fn list(&self, domain: Option<&str>, author: Option<&str>, limit: usize) -> Vec<Memory> {
+        let st = self.read();
+        let mut v: Vec<Memory> = st
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| domain.is_none_or(|d| s.memory.domain == d))
+            .filter(|s| author.is_none_or(|a| s.memory.author == a))
+            .map(|s| s.memory.clone())
+            .collect();
+        v.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+        v.truncate(limit);
+        v
+    }
+
+    /// The embedding model id ("" without one).
+    fn model_id(&self) -> String {
+        self.0
+            .embedder
+            .as_ref()
+            .map_or_else(String::new, |e| e.model_id().to_owned())
+    }
+
+    /// Embeds texts as unit vectors (empty vectors without an embedder).
+    pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, BookError> {
+        match &self.0.embedder {
+            Some(e) => {
+                let n = texts.len();
+                let vs = e
+                    .embed(texts)
+                    .await
+                    .map_err(|e| BookError::Embed(e.to_string()))?;
+                if vs.len() != n {
+                    return Err(BookError::Embed(format!(
+                        "{} vectors for {n} texts",
+                        vs.len()
+                    )));
+                }
+                Ok(vs
+                    .into_iter()
+                    .map(|v| unit(v).unwrap_or_default())
+                    .collect())
+            }
+            None => Ok(vec![Vec::new(); texts.len()]),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        // A panic while holding the lock leaves consistent maps (each update is a few
+        // inserts), so a poisoned lock is still usable.
+        self.0.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.0.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn trust_of(st: &State, author: &str) -> (f32, bool) {
+        match st.trust.get(author) {
+            Some(t) => (
+                if t.trust.is_finite() {
+                    t.trust.clamp(0.0, 4.0)
+                } else {
+                    1.0
+                },
+                t.ignored,
+            ),
+            None => (1.0, false),
+        }
+    }
+
+    fn prior_of(st: &State, m: &Memory) -> f32 {
+        let (trust, _) = Self::trust_of(st, &m.author);
+        let (h, u) = st.feedback.get(&m.id).copied().unwrap_or((0, 0));
+        quality(m.score) * trust * usefulness(h, u)
+    }
+
+    /// The vector the index stores for `emb` (a constant without an embedder: the fusion
+    /// then ranks by BM25 alone, since the semantic weight is set to 0).
+    fn index_vector(&self, emb: &[f32]) -> Vec<f32> {
+        if self.0.embedder.is_none() || emb.len() != self.0.dim {
+            let mut v = vec![0.0; self.0.dim];
+            v[0] = 1.0;
+            v
+        } else {
+            emb.to_vec()
+        }
+    }
+
+    /// The duplicate of (`domain`, `norm`, `emb`) among indexed memories, if any.
+    fn duplicate_locked(
+        &self,
+        st: &State,
+        domain: &str,
+        norm: &str,
+        emb: &[f32],
+    ) -> Option<String> {
+        if let Some(id) = st.texts.get(&(domain.to_owned(), norm.to_owned())) {
+            return Some(id.clone());
+        }
+        if emb.is_empty() || self.0.embedder.is_none() || self.0.config.duplicate_cosine > 1.0 {
+            return None;
+        }
+        let pool = st.pools.get(domain)?;
+        let opts = HybridOptions {
+            semantic_weight: 1.0,
+            lexical_weight: 0.0,
+            prior: None,
+        };
+        let hit = pool.index.search("", emb, 1, &opts).into_iter().next()?;
+        (hit.cosine >= self.0.config.duplicate_cosine)
+            .then(|| {
+                st.slots[hit.key as usize]
+                    .as_ref()
+                    .map(|s| s.memory.id.clone())
+            })
+            .flatten()
+    }
+
+    /// Indexes a memory (no duplicate check); parks it if its author is ignored.
+    fn index_locked(&self, st: &mut State, mut memory: Memory, emb: Vec<f32>) {
+        if st.keys.contains_key(&memory.id) {
+            return;
+        }
+        if let Some(&(h, u)) = st.feedback.get(&memory.id) {
+            memory.helpful = h;
+            memory.unhelpful = u;
+        }
+        if Self::trust_of(st, &memory.author).1 {
+            st.parked.insert(memory.id.clone(), (memory, emb));
+            return;
+        }
+        let key = st.slots.len() as u64;
+        let vector = self.index_vector(&emb);
+        let dim = self.0.dim;
+        let pool = st
+            .pools
+            .entry(memory.domain.clone())
+            .or_insert_with(|| Pool {
+                index: HybridIndex::new(dim),
+            });
+        if let Err(e) = pool.index.insert(key, &memory.prompt, vector) {
+            tracing::warn!(id = %memory.id, error = %e, "memory not indexable");
+            return;
+        }
+        let norm = normalize_text(&memory.prompt);
+        st.texts
+            .entry((memory.domain.clone(), norm.clone()))
+            .or_insert_with(|| memory.id.clone());
+        st.keys.insert(memory.id.clone(), key);
+        let prior = Self::prior_of(st, &memory);
+        st.priors.push(prior);
+        st.slots.push(Some(Slot {
+            memory,
+            embedding: emb,
+            norm,
+        }));
+    }
+
+    /// Removes an indexed memory from the index; returns it with its embedding.
+    fn unindex_locked(st: &mut State, id: &str) -> Option<(Memory, Vec<f32>)> {
+        let key = st.keys.remove(id)?;
+        let slot = st.slots.get_mut(key as usize)?.take()?;
+        st.priors[key as usize] = 0.0;
+        if let Some(pool) = st.pools.get_mut(&slot.memory.domain) {
+            pool.index.remove(key);
+        }
+        let tk = (slot.memory.domain.clone(), slot.norm.clone());
+        if st.texts.get(&tk).is_some_and(|i| i == id) {
+            st.texts.remove(&tk);
+        }
+        Some((slot.memory, slot.embedding))
+    }
+
+    /// Adds a memory received or made here: skips known, forgotten and ignored ones and
+    /// near-duplicates, otherwise stores it (durably) and indexes it. `embedding` is the
+    /// prompt's (computed here when `None`).
+    pub async fn insert(
+        &self,
+        memory: Memory,
+        embedding: Option<Vec<f32>>,
+    ) -> Result<Inserted, BookError> {
+        let mut out = self.insert_many(vec![(memory, embedding)]).await?;
+        Ok(out.pop().unwrap_or(Inserted::Ignored))
+    }
+
+    /// [`MemoryBook::insert`] for many memories: one embedding batch per 64 prompts and one
+    /// store transaction group. Outcomes are in input order.
+    pub async fn insert_many(
+        &self,
+        items: Vec<(Memory, Option<Vec<f32>>)>,
+    ) -> Result<Vec<Inserted>, BookError> {
+        let mut out: Vec<Option<Inserted>> = vec![None; items.len()];
+        let mut todo: Vec<(usize, Memory, Option<Vec<f32>>)> = Vec::new();
+        {
+            let st = self.read();
+            for (i, (m, e)) in items.into_iter().enumerate() {
+                if st.keys.contains_key(&m.id) {
+                    out[i] = Some(Inserted::Known(m.id));
+                } else if st.forgotten.contains(&m.id)
+                    || st.parked.contains_key(&m.id)
+                    || Self::trust_of(&st, &m.author).1
+                {
+                    out[i] = Some(Inserted::Ignored);
+                } else {
+                    todo.push((i, m, e));
+                }
+            }
+        }
+        let need: Vec<usize> = (0..todo.len()).filter(|&j| todo[j].2.is_none()).collect();
+        for chunk in need.chunks(EMBED_BATCH) {
+            let texts = chunk.iter().map(|&j| todo[j].1.prompt.clone()).collect();
+            let vs = self.embed(texts).await?;
+            for (&j, v) in chunk.iter().zip(vs) {
+                todo[j].2 = Some(v);
+            }
+        }
+        let model = self.model_id();
+        let mut writes = Vec::new();
+        {
+            let mut st = self.write();
+            for (i, m, e) in todo {
+                let emb = e.and_then(unit).unwrap_or_default();
+                if st.keys.contains_key(&m.id) {
+                    out[i] = Some(Inserted::Known(m.id));
+                    continue;
+                }
+                let norm = normalize_text(&m.prompt);
+                if let Some(of) = self.duplicate_locked(&st, &m.domain, &norm, &emb) {
+                    tracing::debug!(id = %m.id, of = %of, "near-duplicate memory not stored");
+                    out[i] = Some(Inserted::Duplicate { of });
+                    continue;
+                }
+                let record = MemoryRecord {
+                    id: m.id.clone(),
+                    domain: m.domain.clone(),
+                    author: m.author.clone(),
+                    score: f64::from(m.score),
+                    created_at: m.created_at,
+                    prompt: m.prompt.clone(),
+                    answer: m.answer.clone(),
+                    body: StoredBody {
+                        source: m.source.clone(),
+                        model: model.clone(),
+                        embedding: (!emb.is_empty()).then(|| pack_embedding(&emb)),
+                    },
+                    forgotten: false,
+                };
+                writes.push(self.0.store.insert_memory(&record));
+                self.index_locked(&mut st, m.clone(), emb);
+                out[i] = Some(Inserted::Added(m));
+            }
+        }
+        for w in writes {
+            w.await?;
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or(Inserted::Ignored))
+            .collect())
+    }
+
+    /// Publishes a new memory authored here (a signed swarm record when the book has a
+    /// swarm, a local memory otherwise) and indexes it. The caller has admitted it (see
+    /// [`super::admission`]); a near-duplicate is detected before anything is published.
+    pub async fn publish(
+        &self,
+        body: MemoryBody,
+        embedding: Option<Vec<f32>>,
+    ) -> Result<Inserted, BookError> {
+        body.validate()?;
+        let emb = match embedding {
+            Some(e) => e,
+            None => self
+                .embed(vec![body.prompt.clone()])
+                .await?
+                .pop()
+                .unwrap_or_default(),
+        };
+        if let Some(of) = self.duplicate_locked(
+            &self.read(),
+            &body.domain,
+            &normalize_text(&body.prompt),
+            &emb,
+        ) {
+            return Ok(Inserted::Duplicate { of });
+        }
+        let memory = match &self.0.swarm {
+            Some(swarm) => {
+                let record = swarm
+                    .publish(MEMORY_KIND, body.encode())
+                    .await
+                    .map_err(|e| BookError::Publish(e.to_string()))?;
+                let mut m =
+                    Memory::from_body(record.id().to_string(), record.author().to_string(), body);
+                m.created_at = record.timestamp_ms() as i64;
+                m
+            }
+            None => {
+                let id: [u8; 32] = rand::random();
+                Memory::from_body(hex_id(&id), self.0.me.clone(), body)
+            }
+        };
+        self.insert(memory, Some(emb)).await
+    }
+
+    /// Ingests swarm records of kind `memory` (others and invalid ones are skipped, with a
+    /// debug log). Returns how many were added.
+    pub async fn ingest_records(&self, records: &[Record]) -> Result<usize, BookError> {
+        let mut items = Vec::with_capacity(records.len());
+        for r in records {
+            if r.kind() != MEMORY_KIND {
+                continue;
+            }
+            match MemoryBody::decode(r.body()) {
+                Ok(body) => {
+                    items.push((
+                        Memory::from_body(r.id().to_string(), r.author().to_string(), body),
+                        None,
+                    ));
+                }
+                Err(e) => {
+                    tracing::debug!(id = %r.id(), author = %r.author().short(), error = %e, "invalid memory record");
+                }
+            }
+        }
+        let outcomes = self.insert_many(items).await?;
+        Ok(outcomes
+            .iter()
+            .filter(|o| matches!(o, Inserted::Added(_)))
+            .count())
+    }
+
+    /// The `k` best memories of `domain` for `query` (embedded here), best first.
+    pub async fn top_k(
+        &self,
+        domain: &str,
+        query: &str,
+        k: usize,
+    ) -> Result<Vec<MemoryHit>, BookError> {
+        let emb = self
+            .embed(vec![query.to_owned()])
+            .await?
+            .pop()
+            .unwrap_or_default();
+        Ok(self.top_k_embedded(domain, query, &emb, k))
+    }
+
+    /// [`MemoryBook::top_k`] with the query already embedded (`&[]`: by text only).
+    pub fn top_k_embedded(
+        &self,
+        domain: &str,
+        query: &str,
+        query_embedding: &[f32],
+        k: usize,
+    ) -> Vec<MemoryHit> {
+        self.ranked(domain, query, query_embedding, k, true)
+    }
+
+    /// Ranking core; `with_prior = false` ranks by relevance alone (for evaluation).
+    pub(crate) fn ranked(
+        &self,
+        domain: &str,
+        query: &str,
+        query_embedding: &[f32],
+        k: usize,
+        with_prior: bool,
+    ) -> Vec<MemoryHit> {
+        let st = self.read();
+        let Some(pool) = st.pools.get(domain) else {
+            return Vec::new();
+        };
+        if k == 0 || pool.index.is_empty() {
+            return Vec::new();
+        }
+        let q: &[f32] = if self.0.embedder.is_some() {
+            query_embedding
+        } else {
+            &[]
+        };
+        let semantic_weight = if self.0.embedder.is_some() {
+            self.0.config.semantic_weight
+        } else {
+            0.0
+        };
+        let cap = ((k as f32 * self.0.config.max_author_share).ceil() as usize).max(1);
+        let fetch = k * 4 + 8;
+        let mut taken: Vec<crate::search::Hit> = Vec::new();
+        let mut overflow: Vec<crate::search::Hit> = Vec::new();
+        let mut per_author: HashMap<&str, usize> = HashMap::new();
+        let mut excluded_keys: HashSet<u64> = HashSet::new();
+        let mut capped: HashSet<&str> = HashSet::new();
+        let slots = &st.slots;
+        let priors = &st.priors;
+        let author_of = |key: u64| -> &str {
+            slots[key as usize]
+                .as_ref()
+                .map_or("", |s| s.memory.author.as_str())
+        };
+        // Each pass either fills the top-k, exhausts the index, or caps one more author, so
+        // k + 1 passes always suffice.
+        for _ in 0..=k {
+            let prior = |key: u64| -> f32 {
+                if excluded_keys.contains(&key) || capped.contains(author_of(key)) {
+                    return 0.0;
+                }
+                if with_prior {
+                    priors.get(key as usize).copied().unwrap_or(0.0)
+                } else {
+                    1.0
+                }
+            };
+            let opts = HybridOptions {
+                semantic_weight,
+                lexical_weight: self.0.config.lexical_weight,
+                prior: Some(&prior),
+            };
+            let hits = pool.index.search(query, q, fetch, &opts);
+            let exhausted = hits.len() < fetch;
+            let mut newly_capped = Vec::new();
+            for h in hits {
+                if h.score <= 0.0 || excluded_keys.contains(&h.key) {
+                    continue;
+                }
+                let author = author_of(h.key);
+                if capped.contains(author) || newly_capped.contains(&author) {
+                    overflow.push(h);
+                    excluded_keys.insert(h.key);
+                    continue;
+                }
+                let n = per_author.entry(author).or_insert(0);
+                if *n >= cap {
+                    newly_capped.push(author);
+                    overflow.push(h);
+                } else {
+                    *n += 1;
+                    taken.push(h);
+                }
+                excluded_keys.insert(h.key);
+                if taken.len() == k {
+                    break;
+                }
+            }
+            if taken.len() >= k || exhausted || newly_capped.is_empty() {
+                break;
+            }
+            capped.extend(newly_capped);
+        }
+        // No other author has anything relevant: fill with the capped authors' best.
+        if taken.len() < k {
+            overflow.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.key.cmp(&b.key)));
+            let need = k - taken.len();
+            taken.extend(overflow.into_iter().take(need));
+        }
+        taken.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.key.cmp(&b.key)));
+        taken
+            .into_iter()
+            .filter_map(|h| {
+                slots[h.key as usize].as_ref().map(|s| MemoryHit {
+                    memory: s.memory.clone(),
+                    score: h.score,
+                    cosine: h.cosine,
+                    bm25: h.bm25,
+                })
+            })
+            .collect()
+    }
+
+    /// Records whether a retrieved memory helped the final result (adjusts its prior; see
+    /// the module docs). Persisted.
+    pub async fn feedback(&self, id: &str, helpful: bool) -> Result<Memory, BookError> {
+        let (memory, json) = {
+            let mut st = self.write();
+            let key = *st
+                .keys
+                .get(id)
+                .ok_or_else(|| BookError::NotFound(id.to_owned()))?;
+            let counts = st.feedback.entry(id.to_owned()).or_insert((0, 0));
+            if helpful {
+                counts.0 = counts.0.saturating_add(1);
+            } else {
+                counts.1 = counts.1.saturating_add(1);
+            }
+            let (h, u) = *counts;
+            let memory = {
+                let Some(slot) = st.slots[key as usize].as_mut() else {
+                    return Err(BookError::NotFound(id.to_owned()));
+                };
+                slot.memory.helpful = h;
+                slot.memory.unhelpful = u;
+                slot.memory.clone()
+            };
+            st.priors[key as usize] = Self::prior_of(&st, &memory);
+            let json = serde_json::to_string(&st.feedback).unwrap_or_default();
+            (memory, json)
+        };
+        self.0.store.kv_set(FEEDBACK_KEY, &json).await?;
+        Ok(memory)
+    }
+
+    /// Sets the local trust in `author` (weight and ignore flag), persisted. Ignoring an
+    /// author takes all its memories out of retrieval; un-ignoring puts them back.
+    pub async fn set_trust(
+        &self,
+        author: &str,
+        trust: f32,
+        ignored: bool,
+    ) -> Result<(), BookError> {
+        let entry = AuthorTrust {
+            author: author.to_owned(),
+            trust: if trust.is_finite() {
+                trust.clamp(0.0, 4.0)
+            } else {
+                1.0
+            },
+            ignored,
+        };
+        self.0.store.set_author_trust(&entry).await?;
+        let mut st = self.write();
+        st.trust.insert(author.to_owned(), entry);
+        if ignored {
+            let ids: Vec<String> = st
+                .slots
+                .iter()
+                .flatten()
+                .filter(|s| s.memory.author == author)
+                .map(|s| s.memory.id.clone())
+                .collect();
+            for id in ids {
+                if let Some(m) = Self::unindex_locked(&mut st, &id) {
+                    st.parked.insert(id, m);
+                }
+            }
+        } else {
+            let ids: Vec<String> = st
+                .parked
+                .iter()
+                .filter(|(_, (m, _))| m.author == author)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in ids {
+                if let Some((m, e)) = st.parked.remove(&id) {
+                    self.index_locked(&mut st, m, e);
+                }
+            }
+            let keys: Vec<u64> = st
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    s.as_ref()
+                        .filter(|s| s.memory.author == author)
+                        .map(|_| i as u64)
+                })
+                .collect();
+            for key in keys {
+                let p = st.slots[key as usize]
+                    .as_ref()
+                    .map(|s| Self::prior_of(&st, &s.memory))
+                    .unwrap_or(0.0);
+                st.priors[key as usize] = p;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every trust entry set here.
+    pub fn trusts(&self) -> Vec<AuthorTrust> {
+        let mut v: Vec<AuthorTrust> = self.read().trust.values().cloned().collect();
+        v.sort_by(|a, b| a.author.cmp(&b.author));
+        v
+    }
+
+    /// Forgets one memory: hidden from retrieval for good (also when the swarm delivers it
+    /// again). Returns whether it was known.
+    pub async fn forget(&self, id: &str) -> Result<bool, BookError> {
+        let known = self.0.store.set_memory_forgotten(id, true).await?;
+        let mut st = self.write();
+        let was = Self::unindex_locked(&mut st, id).is_some() || st.parked.remove(id).is_some();
+        st.forgotten.insert(id.to_owned());
+        Ok(known || was)
+    }
+
+    /// Forgets everything from `author` and ignores what it sends from now on. Returns how
+    /// many memories were deleted.
+    pub async fn forget_author(&self, author: &str) -> Result<u64, BookError> {
+        let trust = self.read().trust.get(author).map_or(1.0, |t| t.trust);
+        self.set_trust(author, trust, true).await?;
+        let n = self.0.store.delete_memories_by_author(author).await?;
+        self.write().parked.retain(|_, (m, _)| m.author != author);
+        Ok(n)
+    }
+
+    /// Follows the swarm: ingests every stored memory record now, then each one as it
+    /// arrives (in batches), until `cancel` fires.
+    pub fn follow(
+        &self,
+        swarm: Swarm,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let book = self.clone();
+        tokio::spawn(async move { super::sync::follow(book, swarm, cancel).await })
+    }
+
+    /// A new memory body authored now.
+    pub fn body(
+        domain: &str,
+        prompt: &str,
+        answer: &str,
+        source: Option<String>,
+        score: f32,
+    ) -> MemoryBody {
+        MemoryBody {
+            v: super::record::MEMORY_VERSION,
+            domain: domain.to_owned(),
+            prompt: prompt.to_owned(),
+            answer: answer.to_owned(),
+            source,
+            score,
+            created_at: now_ms(),
+        }
+    }
+
+    /// Mean unit embedding of a domain's prompts and how many there are (for the off-domain
+    /// check); `None` without an embedder or for an empty domain.
+    pub fn centroid(&self, domain: &str) -> Option<(Vec<f32>, usize)> {
+        self.0.embedder.as_ref()?;
+        let st = self.read();
+        let mut sum = vec![0.0f32; self.0.dim];
+        let mut n = 0;
+        for s in st.slots.iter().flatten() {
+            if s.memory.domain == domain && s.embedding.len() == self.0.dim {
+                sum.iter_mut().zip(&s.embedding).for_each(|(a, b)| *a += b);
+                n += 1;
+            }
+        }
+        unit(sum).map(|c| (c, n))
+    }
+
+    /// Cosine of two unit vectors (0 when either is empty).
+    pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        if a.is_empty() || a.len() != b.len() {
+            0.0
+        } else {
+            dot(a, b)
+        }
+    }
+}
+
+fn hex_id(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Worked examples for a prompt, from retrieved memories (empty string for none).
+pub fn format_examples(memories: &[Memory]) -> String {
+    if memories.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "Here are worked examples of similar requests and good answers. Follow their format and approach.\n",
+    );
+    for (i, m) in memories.iter().enumerate() {
+        out.push_str(&format!(
+            "\nExample {}:\nRequest: {}\nAnswer: {}\n",
+            i + 1,
+            m.prompt.trim(),
+            m.answer.trim()
+        ));
+    }
+    out
+}

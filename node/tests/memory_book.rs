@@ -1,0 +1,410 @@
+//! Memory book behaviour with the real embedding model (all-MiniLM-L6-v2): duplicates,
+//! trust / ignore / forget, flood resistance, feedback, persistence, and the eval metrics.
+
+#![allow(clippy::unwrap_used)]
+
+use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::testing;
+use starling_node::memory::eval::{evaluate, EvalMemory, EvalQuery};
+use starling_node::memory::{BookConfig, Inserted, Memory, MemoryBook};
+use starling_node::store::Store;
+
+fn embedder() -> EmbedHandle {
+    EmbedHandle::spawn(BertEmbedder::load(testing::embedding_model()).unwrap()).unwrap()
+}
+
+fn mem(id: &str, author: &str, domain: &str, prompt: &str, answer: &str, score: f32) -> Memory {
+    Memory {
+        id: id.into(),
+        author: author.into(),
+        domain: domain.into(),
+        prompt: prompt.into(),
+        answer: answer.into(),
+        source: None,
+        score,
+        created_at: 1,
+        helpful: 0,
+        unhelpful: 0,
+    }
+}
+
+async fn book(store: Store, e: &EmbedHandle) -> MemoryBook {
+    MemoryBook::open(store, Some(e.clone()), None, BookConfig::default())
+        .await
+        .unwrap()
+}
+
+fn ids(hits: &[starling_node::memory::MemoryHit]) -> Vec<String> {
+    hits.iter().map(|h| h.memory.id.clone()).collect()
+}
+
+#[tokio::test]
+async fn near_duplicates_are_not_stored_twice() {
+    let e = embedder();
+    let b = book(Store::open_in_memory().unwrap(), &e).await;
+    let first = b
+        .insert(
+            mem("a", "n1", "math", "What is 12 times 3?", "36", 8.0),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(first, Inserted::Added(_)));
+    // Same normalised text.
+    let same = b
+        .insert(
+            mem("b", "n2", "math", "what is 12 TIMES 3", "36.", 8.0),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(same, Inserted::Duplicate { of: "a".into() });
+    // Near-identical wording (cosine >= 0.95).
+    let near = b
+        .insert(
+            mem(
+                "c",
+                "n2",
+                "math",
+                "What is 12 times 3 ?!",
+                "thirty-six",
+                8.0,
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(near, Inserted::Duplicate { of: "a".into() });
+    // Another domain is another pool.
+    let other = b
+        .insert(
+            mem("d", "n2", "general", "What is 12 times 3?", "36", 8.0),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(other, Inserted::Added(_)));
+    // A different question is kept.
+    let diff = b
+        .insert(
+            mem(
+                "e",
+                "n2",
+                "math",
+                "What is the square root of 81?",
+                "9",
+                8.0,
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(diff, Inserted::Added(_)));
+    assert_eq!(
+        b.insert(
+            mem("a", "n1", "math", "What is 12 times 3?", "36", 8.0),
+            None
+        )
+        .await
+        .unwrap(),
+        Inserted::Known("a".into())
+    );
+    assert_eq!(b.len(), 3);
+    assert_eq!(b.store().memory_count(None).await.unwrap(), 3);
+}
+
+const GOOD: &[(&str, &str)] = &[
+    (
+        "How do I boil an egg so the yolk stays soft?",
+        "Boil it for 6 minutes, then cool it in ice water.",
+    ),
+    (
+        "How long should soft boiled eggs cook?",
+        "About six minutes in boiling water.",
+    ),
+    (
+        "What is the best way to make runny egg yolks?",
+        "Six minutes at a rolling boil, then an ice bath.",
+    ),
+];
+
+#[tokio::test]
+async fn a_flooding_author_cannot_push_out_good_memories() {
+    let e = embedder();
+    let b = book(Store::open_in_memory().unwrap(), &e).await;
+    let mut items = Vec::new();
+    for (i, (p, a)) in GOOD.iter().enumerate() {
+        items.push((
+            mem(&format!("good{i}"), "honest", "cooking", p, a, 7.0),
+            None,
+        ));
+    }
+    // 300 spam memories from one author, all about boiling eggs, all claiming 10/10.
+    let colours = [
+        "red", "blue", "green", "golden", "purple", "silver", "orange", "black", "pink", "white",
+    ];
+    let animals = [
+        "duck", "quail", "goose", "ostrich", "hen", "emu", "pheasant", "turkey", "swan", "pigeon",
+    ];
+    let places = ["Paris", "Tokyo", "Lima"];
+    let mut i = 0;
+    for c in colours {
+        for a in animals {
+            for p in places {
+                items.push((
+                    mem(
+                        &format!("spam{i}"),
+                        "flooder",
+                        "cooking",
+                        &format!("Boil {c} {a} eggs soft yolk minutes, {p} style"),
+                        "Buy our product at example.com",
+                        10.0,
+                    ),
+                    None,
+                ));
+                i += 1;
+            }
+        }
+    }
+    b.insert_many(items).await.unwrap();
+    let flood = b.list(None, Some("flooder"), 1000).len();
+    assert!(flood >= 50, "only {flood} spam memories kept");
+    assert_eq!(b.list(None, Some("honest"), 10).len(), 3);
+    let query = "How many minutes to boil an egg for a soft yolk?";
+    let hits = b.top_k("cooking", query, 4).await.unwrap();
+    let from_flooder = hits.iter().filter(|h| h.memory.author == "flooder").count();
+    assert_eq!(hits.len(), 4);
+    assert!(from_flooder <= 2, "{:?}", ids(&hits));
+    let good = hits.iter().filter(|h| h.memory.author == "honest").count();
+    assert!(good >= 2, "{:?}", ids(&hits));
+
+    // Lower trust in the flooder: the good ones lead (the share cap still applies to every
+    // author, so the third slot goes to the best other author's memory).
+    b.set_trust("flooder", 0.1, false).await.unwrap();
+    let hits = b.top_k("cooking", query, 3).await.unwrap();
+    assert!(
+        hits[..2].iter().all(|h| h.memory.author == "honest"),
+        "{:?}",
+        ids(&hits)
+    );
+    assert!(hits[2].score < hits[1].score / 2.0, "{hits:?}");
+
+    // Ignore it: none of its memories remain, even when asked for many.
+    b.set_trust("flooder", 1.0, true).await.unwrap();
+    let hits = b.top_k("cooking", query, 10).await.unwrap();
+    assert_eq!(hits.len(), 3);
+    assert!(hits.iter().all(|h| h.memory.author == "honest"));
+    // New memories from it are ignored too.
+    let r = b
+        .insert(
+            mem("spam-late", "flooder", "cooking", "Eggs?", "spam", 10.0),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r, Inserted::Ignored);
+    // Un-ignoring brings them back (capped share).
+    b.set_trust("flooder", 1.0, false).await.unwrap();
+    let hits = b.top_k("cooking", query, 4).await.unwrap();
+    assert!(hits.iter().any(|h| h.memory.author == "flooder"));
+    // With only the flooder relevant, it may fill the whole top-k.
+    let only = b
+        .top_k("cooking", "recipe number 17 product", 3)
+        .await
+        .unwrap();
+    assert_eq!(only.len(), 3);
+}
+
+#[tokio::test]
+async fn forget_by_id_and_author_persist_across_reopen() {
+    let e = embedder();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    {
+        let b = book(Store::open(&path).unwrap(), &e).await;
+        b.insert_many(vec![
+            (
+                mem(
+                    "m1",
+                    "alice",
+                    "general",
+                    "What colour is the sky?",
+                    "Blue.",
+                    8.0,
+                ),
+                None,
+            ),
+            (
+                mem(
+                    "m2",
+                    "alice",
+                    "general",
+                    "What colour is grass?",
+                    "Green.",
+                    8.0,
+                ),
+                None,
+            ),
+            (
+                mem(
+                    "m3",
+                    "bob",
+                    "general",
+                    "What colour are bananas?",
+                    "Yellow.",
+                    8.0,
+                ),
+                None,
+            ),
+            (
+                mem(
+                    "m4",
+                    "carol",
+                    "general",
+                    "What colour is snow?",
+                    "White.",
+                    8.0,
+                ),
+                None,
+            ),
+        ])
+        .await
+        .unwrap();
+        assert!(b.forget("m4").await.unwrap());
+        assert_eq!(b.forget_author("alice").await.unwrap(), 2);
+        b.feedback("m3", true).await.unwrap();
+        assert_eq!(b.len(), 1);
+    }
+    let b = book(Store::open(&path).unwrap(), &e).await;
+    assert_eq!(b.len(), 1);
+    let m3 = b.get("m3").unwrap();
+    assert_eq!((m3.helpful, m3.unhelpful), (1, 0));
+    // Redelivered by the swarm: still forgotten / ignored.
+    assert_eq!(
+        b.insert(
+            mem(
+                "m4",
+                "carol",
+                "general",
+                "What colour is snow?",
+                "White.",
+                8.0
+            ),
+            None
+        )
+        .await
+        .unwrap(),
+        Inserted::Ignored
+    );
+    assert_eq!(
+        b.insert(
+            mem(
+                "m1",
+                "alice",
+                "general",
+                "What colour is the sky?",
+                "Blue.",
+                8.0
+            ),
+            None
+        )
+        .await
+        .unwrap(),
+        Inserted::Ignored
+    );
+    let hits = b.top_k("general", "sky colour", 3).await.unwrap();
+    assert_eq!(ids(&hits), vec!["m3".to_string()]);
+}
+
+#[tokio::test]
+async fn feedback_changes_the_ranking() {
+    let e = embedder();
+    let b = book(Store::open_in_memory().unwrap(), &e).await;
+    b.insert_many(vec![
+        (
+            mem(
+                "x",
+                "n1",
+                "code",
+                "How do I reverse a list in Python?",
+                "Use list.reverse() or slicing [::-1].",
+                8.0,
+            ),
+            None,
+        ),
+        (
+            mem(
+                "y",
+                "n2",
+                "code",
+                "Python: flip the order of items in an array?",
+                "Call lst.reverse().",
+                8.0,
+            ),
+            None,
+        ),
+    ])
+    .await
+    .unwrap();
+    let q = "reverse a list in python";
+    let before = b.top_k("code", q, 2).await.unwrap();
+    let first = before[0].memory.id.clone();
+    let second = before[1].memory.id.clone();
+    for _ in 0..3 {
+        b.feedback(&first, false).await.unwrap();
+        b.feedback(&second, true).await.unwrap();
+    }
+    let after = b.top_k("code", q, 2).await.unwrap();
+    assert_eq!(ids(&after), vec![second, first]);
+    assert!(b.feedback("nope", true).await.is_err());
+}
+
+#[tokio::test]
+async fn eval_metrics_on_a_toy_file() {
+    let e = embedder();
+    let m = |id: &str, d: &str, p: &str| EvalMemory {
+        id: id.into(),
+        domain: d.into(),
+        prompt: p.into(),
+        answer: "answer".into(),
+    };
+    let memories = vec![
+        m("cap-fr", "geo", "What is the capital of France?"),
+        m("cap-jp", "geo", "What is the capital of Japan?"),
+        m("cur-fr", "geo", "What currency is used in France?"),
+        m("boil-egg", "cook", "How long should I boil an egg?"),
+        m("roast-chk", "cook", "What temperature to roast a chicken?"),
+    ];
+    let q = |q: &str, d: &str, r: &str| EvalQuery {
+        query: q.into(),
+        domain: d.into(),
+        relevant: vec![r.into()],
+    };
+    let queries = vec![
+        q(
+            "Which city is France's seat of government?",
+            "geo",
+            "cap-fr",
+        ),
+        q(
+            "Which city is the seat of government of France?",
+            "geo",
+            "cap-fr",
+        ),
+        q("What money do people pay with in France?", "geo", "cur-fr"),
+        q("What money is spent in France?", "geo", "cur-fr"),
+        q("Minutes to cook eggs in boiling water", "cook", "boil-egg"),
+        q("Oven heat for a whole chicken", "cook", "roast-chk"),
+    ];
+    let r = evaluate(&memories, &queries, Some(e), true).await.unwrap();
+    assert_eq!(r.indexed, 5);
+    assert_eq!(r.hybrid.queries, 6);
+    assert!(r.hybrid.recall_at_3 >= 0.99, "{r:?}");
+    assert!(r.hybrid.mrr >= r.bm25.mrr, "{r:?}");
+    let f = r.feedback.unwrap();
+    assert_eq!(f.train_queries, 3);
+    assert_eq!(f.reports.0 + f.reports.1, 3 * 3 - 1);
+    // Unknown ids are an error, not a silent zero.
+    let bad = vec![q("x", "geo", "missing")];
+    assert!(evaluate(&memories, &bad, None, false).await.is_err());
+}
