@@ -6,7 +6,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-bin="${STARLING_BIN:-$root/target/debug/starling}"
+bin="${STARLING_BIN:-${CARGO_TARGET_DIR:-$root/target}/debug/starling}"
 port="${DEMO_API_PORT:-7631}"
 log="$root/target/dashboard-demo.log"
 mkdir -p "$root/target"
