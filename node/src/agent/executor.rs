@@ -126,7 +126,7 @@ pub struct ExecutorConfig {
     /// tasks to an integrated external agent sets this to false: every step then calls a
     /// tool.
     pub allow_no_tool: bool,
-    /// Shared memories shown as worked examples when answering (default 2; 0: none).
+    /// Shared memories shown as worked examples when answering (default 3; 0: none).
     pub memory_examples: usize,
     /// Lowest cosine between the task and a memory's prompt for it to be shown (default
     /// 0.6): an example about another subject makes a small model copy its facts.
@@ -148,7 +148,7 @@ impl Default for ExecutorConfig {
             grounding_coverage: 0.5,
             grounding_passages: 2,
             allow_no_tool: true,
-            memory_examples: 2,
+            memory_examples: 3,
             memory_min_cosine: 0.6,
             admit_memories: true,
         }

@@ -39,8 +39,9 @@ pub fn run(home: &Path, args: EvalMemoryArgs) -> anyhow::Result<()> {
     let dir = cache
         .resolve(&source, &Progress::new())
         .with_context(|| format!("cannot get embedding model `{}`", args.embed_model))?;
-    let embedder =
-        BertEmbedder::load(&dir).with_context(|| format!("cannot load {}", dir.display()))?;
+    let embedder = BertEmbedder::load(&dir)
+        .with_context(|| format!("cannot load {}", dir.display()))?
+        .with_model_id(args.embed_model.clone());
     let handle = EmbedHandle::spawn(embedder)?;
     let report = super::block_on(evaluate(&memories, &queries, Some(handle), args.feedback))??;
     if args.json {
