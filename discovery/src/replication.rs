@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use negentropy::{Id, Negentropy, NegentropyStorageVector};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{broadcast, Notify};
 
 use crate::admission::Admission;
@@ -185,12 +186,10 @@ pub struct SyncStats {
     pub rounds: usize,
 }
 
-impl Replicator {
-    /// Verifies and stores a received record. Returns it if new.
-    pub(crate) fn ingest(&self, wire: RecordWire, from: NodeId) -> Option<Record> {
-        self.ingest_batch(vec![wire], from).pop()
-    }
+/// Most pushed records stored in one batch, and sent on one push stream.
+pub(crate) const PUSH_BATCH: usize = 512;
 
+impl Replicator {
     /// Verifies and stores a batch of received records in one store call;
     /// returns the new ones. Records already stored are counted as
     /// duplicates without paying for signature verification.
@@ -306,37 +305,63 @@ impl Replicator {
         Ok((storage, by_prefix))
     }
 
-    /// Pushes one record to a connected peer on a unidirectional stream.
+    /// Pushes records to a connected peer, one frame each, on one unidirectional stream.
     pub(crate) async fn push_to(
         &self,
         conn: &quinn::Connection,
-        record: &RecordWire,
+        records: &[std::sync::Arc<RecordWire>],
     ) -> Result<(), SyncError> {
-        let mut send = conn
+        let send = conn
             .open_uni()
             .await
             .map_err(|e| SyncError::Stream(e.to_string()))?;
+        let mut send = tokio::io::BufWriter::with_capacity(64 * 1024, send);
         let header = StreamHeader {
             version: WIRE_VERSION,
             kind: StreamKind::Push,
         };
         write_frame(&mut send, &header, self.max_frame).await?;
-        write_frame(&mut send, record, self.max_frame).await?;
-        let _ = send.finish();
+        for record in records {
+            write_frame(&mut send, record.as_ref(), self.max_frame).await?;
+        }
+        send.flush()
+            .await
+            .map_err(|e| SyncError::Stream(e.to_string()))?;
+        let _ = send.into_inner().finish();
         Ok(())
     }
 
-    /// Reads pushed records from a unidirectional stream.
+    /// Reads pushed records from a unidirectional stream, storing them in batches of
+    /// at most [`PUSH_BATCH`] (one store transaction each) and whatever arrived before
+    /// the stream paused.
     pub(crate) async fn serve_push(
         &self,
         from: NodeId,
         recv: &mut quinn::RecvStream,
     ) -> Result<(), CodecError> {
-        while let Some(wire) =
-            crate::codec::read_frame::<RecordWire, _>(recv, self.max_frame).await?
-        {
-            self.ingest(wire, from);
+        let mut recv = tokio::io::BufReader::with_capacity(64 * 1024, recv);
+        let mut batch = Vec::new();
+        loop {
+            // Store what we have before waiting on the network for more.
+            if !batch.is_empty() && recv.buffer().is_empty() {
+                self.ingest_batch(std::mem::take(&mut batch), from);
+            }
+            match crate::codec::read_frame::<RecordWire, _>(&mut recv, self.max_frame).await {
+                Ok(Some(wire)) => {
+                    batch.push(wire);
+                    if batch.len() >= PUSH_BATCH {
+                        self.ingest_batch(std::mem::take(&mut batch), from);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // Keep the well-formed records that came before the bad frame.
+                    self.ingest_batch(batch, from);
+                    return Err(e);
+                }
+            }
         }
+        self.ingest_batch(batch, from);
         Ok(())
     }
 

@@ -24,11 +24,11 @@ use crate::membership::{
 };
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::records::{MemRecordStore, Record, RecordError, RecordId, RecordStore, StoreError};
-use crate::replication::{Replicator, SyncError, SyncStats};
+use crate::replication::{Replicator, SyncError, SyncStats, PUSH_BATCH};
 use crate::rpc::{call_on, CallError, Handler, Router};
 use crate::transport::{PeerConn, Transport, TransportError, TransportLimits, STREAM_BAD_FRAME};
 use crate::wire::{
-    MemberWire, RpcRequest, StreamHeader, StreamKind, DATAGRAM_GOSSIP, WIRE_VERSION,
+    MemberWire, RecordWire, RpcRequest, StreamHeader, StreamKind, DATAGRAM_GOSSIP, WIRE_VERSION,
 };
 
 /// Default QUIC port.
@@ -174,6 +174,8 @@ struct Inner {
     rpc_timeout: Duration,
     mdns: Mutex<Option<Mdns>>,
     cancel: CancellationToken,
+    /// Records this node published, for the [`pusher`].
+    push_tx: mpsc::UnboundedSender<Arc<RecordWire>>,
 }
 
 impl Swarm {
@@ -243,6 +245,7 @@ impl Swarm {
             Box::new(move |m: MemberId| renew_transport.set_local_member(m.into())),
             cancel.child_token(),
         );
+        let (push_tx, push_rx) = mpsc::unbounded_channel();
         let replicator = Replicator {
             store,
             admission,
@@ -268,7 +271,9 @@ impl Swarm {
             rpc_timeout: config.rpc_timeout,
             mdns: Mutex::new(None),
             cancel,
+            push_tx,
         });
+        tokio::spawn(pusher(inner.clone(), push_rx));
 
         tokio::spawn(connection_dispatcher(inner.clone(), admitted_rx));
         tokio::spawn(peer_cache_writer(inner.clone()));
@@ -412,27 +417,14 @@ impl Swarm {
 
     /// Signs and stores a new record authored by this node, and pushes it to
     /// live peers in the background (a peer that misses the push gets it at
-    /// the next reconciliation).
+    /// the next reconciliation). Records published in quick succession share
+    /// push streams (see [`pusher`]).
     pub async fn publish(&self, kind: &str, body: Vec<u8>) -> Result<Record, SwarmError> {
         let record = Record::sign(&self.inner.identity, kind, body)?;
         if self.inner.replicator.store_new(record.clone()).is_some() {
-            let wire = Arc::new(record.to_wire());
-            for p in self.alive_peers() {
-                let inner = self.inner.clone();
-                let wire = wire.clone();
-                tokio::spawn(async move {
-                    match connect(&inner, p.id).await {
-                        Ok(pc) => {
-                            if let Err(e) = inner.replicator.push_to(&pc.conn, &wire).await {
-                                tracing::debug!(peer = %p.id.short(), error = %e, "push failed");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::debug!(peer = %p.id.short(), error = %e, "push: unreachable")
-                        }
-                    }
-                });
-            }
+            // The pusher lives as long as the swarm; after shutdown, reconciliation
+            // is the only way out anyway.
+            let _ = self.inner.push_tx.send(Arc::new(record.to_wire()));
         }
         Ok(record)
     }
@@ -477,12 +469,50 @@ impl Swarm {
         self.inner.transport.close().await;
         tracing::info!(node_id = %self.node_id().short(), "swarm node stopped");
     }
+}
 
-    fn alive_peers(&self) -> Vec<PeerInfo> {
-        self.peers()
+/// Pushes this node's new records to its live peers: everything published since the
+/// last round goes out on one stream per peer (up to [`PUSH_BATCH`] records), so a
+/// burst of publishes costs a few streams, not one per record and peer, while a single
+/// publish still leaves at once.
+async fn pusher(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Arc<RecordWire>>) {
+    loop {
+        let first = tokio::select! {
+            _ = inner.cancel.cancelled() => return,
+            r = rx.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+        };
+        let mut batch = vec![first];
+        while batch.len() < PUSH_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let batch = Arc::new(batch);
+        let peers: Vec<NodeId> = inner
+            .membership
+            .peers()
             .into_iter()
             .filter(|p| p.state != PeerState::Down)
-            .collect()
+            .map(|p| p.id)
+            .collect();
+        for id in peers {
+            let inner = inner.clone();
+            let batch = batch.clone();
+            tokio::spawn(async move {
+                match connect(&inner, id).await {
+                    Ok(pc) => {
+                        if let Err(e) = inner.replicator.push_to(&pc.conn, &batch).await {
+                            tracing::debug!(peer = %id.short(), error = %e, "push failed");
+                        }
+                    }
+                    Err(e) => tracing::debug!(peer = %id.short(), error = %e, "push: unreachable"),
+                }
+            });
+        }
     }
 }
 
