@@ -278,6 +278,7 @@ impl Node {
             cancel.clone(),
         )
         .await?;
+        agent.announce_memories(&memory);
 
         let listener = TcpListener::bind(config.api.listen)
             .await

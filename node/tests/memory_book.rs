@@ -42,6 +42,7 @@ fn ids(hits: &[starling_node::memory::MemoryHit]) -> Vec<String> {
 async fn near_duplicates_are_not_stored_twice() {
     let e = embedder();
     let b = book(Store::open_in_memory().unwrap(), &e).await;
+    let mut added = b.subscribe_added();
     let first = b
         .insert(
             mem("a", "n1", "math", "What is 12 times 3?", "36", 8.0),
@@ -111,6 +112,12 @@ async fn near_duplicates_are_not_stored_twice() {
     );
     assert_eq!(b.len(), 3);
     assert_eq!(b.store().memory_count(None).await.unwrap(), 3);
+    // Each stored memory is announced once; duplicates and known ones are not.
+    let mut announced = Vec::new();
+    while let Ok(m) = added.try_recv() {
+        announced.push(m.id);
+    }
+    assert_eq!(announced, ["a", "d", "e"]);
 }
 
 const GOOD: &[(&str, &str)] = &[

@@ -387,6 +387,33 @@ impl Agent {
         self.0.events.subscribe()
     }
 
+    /// Publishes [`AgentEvent::MemoryAdded`] for every memory `book` stores from now on,
+    /// until the node stops.
+    pub fn announce_memories(&self, book: &crate::memory::MemoryBook) {
+        let mut rx = book.subscribe_added();
+        let agent = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let m = tokio::select! {
+                    biased;
+                    _ = agent.0.cancel.cancelled() => break,
+                    m = rx.recv() => m,
+                };
+                match m {
+                    Ok(m) => agent.emit(AgentEvent::MemoryAdded {
+                        id: m.id,
+                        domain: m.domain,
+                        author: m.author,
+                    }),
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::debug!(missed = n, "memory events skipped (burst of memories)")
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+    }
+
     /// The store.
     pub fn store(&self) -> &Store {
         &self.0.store

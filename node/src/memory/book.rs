@@ -49,6 +49,8 @@ use crate::store::{AuthorTrust, MemoryFilter, MemoryRecord, Store, StoreError};
 const FEEDBACK_KEY: &str = "memory.feedback";
 /// Texts embedded per call when loading or ingesting in bulk.
 const EMBED_BATCH: usize = 64;
+/// Added-memory events buffered for a slow subscriber before it lags.
+const ADDED_EVENTS: usize = 1024;
 
 /// Why a memory operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +200,8 @@ struct Inner {
     config: BookConfig,
     dim: usize,
     state: RwLock<State>,
+    /// Memories stored (made here or received), for event streams.
+    added: tokio::sync::broadcast::Sender<Memory>,
 }
 
 /// The node's memories: see the module docs. Cheap to clone.
@@ -276,6 +280,7 @@ impl MemoryBook {
             me,
             config,
             dim,
+            added: tokio::sync::broadcast::channel(ADDED_EVENTS).0,
             state: RwLock::new(State {
                 pools: HashMap::new(),
                 slots: Vec::new(),
@@ -650,6 +655,12 @@ impl MemoryBook {
         for w in writes {
             w.await?;
         }
+        // Announced once durable. Nobody listening is fine.
+        for o in &out {
+            if let Some(Inserted::Added(m)) = o {
+                let _ = self.0.added.send(m.clone());
+            }
+        }
         Ok(out
             .into_iter()
             .map(|o| o.unwrap_or(Inserted::Ignored))
@@ -725,6 +736,12 @@ impl MemoryBook {
             .iter()
             .filter(|o| matches!(o, Inserted::Added(_)))
             .count())
+    }
+
+    /// Memories stored from now on (made here or received from peers), each once, after
+    /// it is durable. A subscriber that falls more than 1,024 behind sees `Lagged`.
+    pub fn subscribe_added(&self) -> tokio::sync::broadcast::Receiver<Memory> {
+        self.0.added.subscribe()
     }
 
     /// The `k` best memories of `domain` for `query` (embedded here), best first.
