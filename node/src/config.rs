@@ -54,6 +54,8 @@ pub struct NodeConfig {
     pub models: ModelsSection,
     /// Its agent persona and behaviour.
     pub agent: AgentSection,
+    /// How it uses and keeps shared memories.
+    pub memory: MemorySection,
 }
 
 /// `[node]`
@@ -167,6 +169,37 @@ impl Default for ModelsSection {
             requantize: "q8_0".into(),
             context: 4096,
             threads: None,
+        }
+    }
+}
+
+/// `[memory]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemorySection {
+    /// Shared memories shown as worked examples before the model answers a task, a chat
+    /// turn or (with `openai`) an API chat completion; 0 turns retrieval off.
+    pub examples: usize,
+    /// Lowest cosine similarity between the prompt and a memory's prompt for it to be
+    /// shown.
+    pub min_similarity: f32,
+    /// Also put worked examples into `/v1/chat/completions` requests (off by default:
+    /// API clients get the model as it is unless the node's owner asks for this).
+    pub openai: bool,
+    /// Offer verified task answers for admission into the shared memories.
+    pub admit: bool,
+    /// Lowest admission score (0 to 10) for a pair to be kept and shared.
+    pub threshold: f32,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        Self {
+            examples: 3,
+            min_similarity: 0.6,
+            openai: false,
+            admit: true,
+            threshold: 6.0,
         }
     }
 }
@@ -403,6 +436,15 @@ impl NodeConfig {
         if !(1..=200).contains(&self.agent.max_turns) {
             return invalid("agent.max_turns", "must be between 1 and 200");
         }
+        if self.memory.examples > 16 {
+            return invalid("memory.examples", "must be at most 16");
+        }
+        if !(-1.0..=1.0).contains(&self.memory.min_similarity) {
+            return invalid("memory.min_similarity", "must be between -1 and 1");
+        }
+        if !(0.0..=10.0).contains(&self.memory.threshold) {
+            return invalid("memory.threshold", "must be between 0 and 10");
+        }
         if self.agent.max_depth > 5 {
             return invalid("agent.max_depth", "must be at most 5");
         }
@@ -576,6 +618,9 @@ mod tests {
             ("[network]\nswarm_secret = \"abc\"", "network.swarm_secret"),
             ("[models]\nrequantize = \"q9\"", "models.requantize"),
             ("[api]\nmax_inflight = 0", "api.max_inflight"),
+            ("[memory]\nthreshold = 11", "memory.threshold"),
+            ("[memory]\nmin_similarity = 2", "memory.min_similarity"),
+            ("[memory]\nexamples = 100", "memory.examples"),
         ];
         for (text, key) in cases {
             let e = NodeConfig::parse(text).unwrap_err().to_string();

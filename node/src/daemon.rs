@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
 
-use crate::agent::executor::Executor;
+use crate::agent::executor::{Executor, ExecutorConfig};
 use crate::agent::llm::Llm;
 use crate::agent::runtime::{Agent, AgentOptions};
 use crate::agent::tools::ToolBox;
@@ -269,16 +269,26 @@ impl Node {
             config.clone(),
             llm.clone(),
             app.embedder(),
-            Executor::new(llm, tools).with_memory(memory.clone()),
+            Executor::with_config(
+                llm,
+                tools,
+                ExecutorConfig {
+                    memory_examples: config.memory.examples,
+                    memory_min_cosine: config.memory.min_similarity,
+                    admit_memories: config.memory.admit,
+                    ..ExecutorConfig::default()
+                },
+            )
+            .with_memory(memory.clone()),
             node_store,
             vec![model_id],
             AgentOptions {
                 repetition_guard: !opts.no_repetition_guard,
+                memory: Some(memory.clone()),
             },
             cancel.clone(),
         )
         .await?;
-        agent.announce_memories(&memory);
 
         let listener = TcpListener::bind(config.api.listen)
             .await
@@ -289,6 +299,17 @@ impl Node {
                 )
             })?;
         let api_addr = listener.local_addr()?;
+        if config.memory.openai {
+            app.set_memory_examples(Some(crate::api::MemoryExamples {
+                book: memory.clone(),
+                k: config.memory.examples,
+                min_cosine: config.memory.min_similarity,
+            }));
+        }
+        let admission = crate::memory::AdmissionConfig {
+            threshold: config.memory.threshold,
+            ..crate::memory::AdmissionConfig::default()
+        };
         let node = Node(Arc::new(NodeInner {
             swarm,
             app: app.clone(),
@@ -305,7 +326,7 @@ impl Node {
             app.clone(),
             crate::api::node::router(node.clone()).merge(crate::memory::http::routes(
                 memory,
-                crate::memory::AdmissionConfig::default(),
+                admission,
             )),
         );
         let api_cancel = cancel.clone();

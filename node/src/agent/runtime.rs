@@ -31,6 +31,7 @@ use super::executor::{Executor, TaskSpec};
 use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
 use super::llm::Llm;
 use crate::config::{AgentKind, HumanFallback, HumanInput, NodeConfig};
+use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
 use crate::store::{GroupRecord, Store, TaskRecord};
 
 /// RPC service of the agent runtime.
@@ -257,6 +258,8 @@ struct Inner {
     human: Mutex<HashMap<String, PendingHuman>>,
     /// Disable the repetition guard (for measuring what it saves).
     repetition_guard: bool,
+    /// Shared memories (worked examples for chat turns).
+    memory: Option<MemoryBook>,
     /// Chat messages sent to members (per recipient) and received from hosts.
     pub(crate) messages_sent: std::sync::atomic::AtomicU64,
     pub(crate) messages_received: std::sync::atomic::AtomicU64,
@@ -289,12 +292,16 @@ pub struct Agent(Arc<Inner>);
 pub struct AgentOptions {
     /// Keep the repetition guard on (default).
     pub repetition_guard: bool,
+    /// Shared memories: worked examples for chat turns (`[memory]` of the config says how
+    /// many), and [`AgentEvent::MemoryAdded`] for each one stored.
+    pub memory: Option<MemoryBook>,
 }
 
 impl Default for AgentOptions {
     fn default() -> Self {
         Self {
             repetition_guard: true,
+            memory: None,
         }
     }
 }
@@ -341,6 +348,7 @@ impl Agent {
             names: Mutex::new(HashMap::new()),
             human: Mutex::new(HashMap::new()),
             repetition_guard: opts.repetition_guard,
+            memory: opts.memory.clone(),
             messages_sent: Default::default(),
             messages_received: Default::default(),
             cancel,
@@ -367,6 +375,9 @@ impl Agent {
             async move { a.handle_rpc(req).await }
         });
         tokio::spawn(agent.clone().follow_swarm());
+        if let Some(book) = &opts.memory {
+            agent.announce_memories(book);
+        }
         Ok(agent)
     }
 
@@ -389,7 +400,7 @@ impl Agent {
 
     /// Publishes [`AgentEvent::MemoryAdded`] for every memory `book` stores from now on,
     /// until the node stops.
-    pub fn announce_memories(&self, book: &crate::memory::MemoryBook) {
+    fn announce_memories(&self, book: &crate::memory::MemoryBook) {
         let mut rx = book.subscribe_added();
         let agent = self.clone();
         tokio::spawn(async move {
@@ -1071,7 +1082,15 @@ impl Agent {
                 None => {}
             }
         }
-        let prompt = speak_prompt(self, req);
+        let examples = match &self.0.memory {
+            Some(book) => {
+                let m = &self.0.config.memory;
+                book.examples_for(DEFAULT_DOMAIN, &req.goal, m.examples, m.min_similarity)
+                    .await
+            }
+            None => Vec::new(),
+        };
+        let prompt = speak_prompt(self, req, &format_examples(&examples));
         let d: Decision = self.0.llm.decide(prompt, &req.schema, 400).await?;
         Ok(d)
     }
@@ -1436,7 +1455,10 @@ fn opening_schema(others: &[String], limits: &ChatConfig) -> serde_json::Value {
     })
 }
 
-fn speak_prompt(agent: &Agent, req: &SpeakRequest) -> Vec<ChatMessage> {
+/// `examples`: worked examples from shared memories for the goal (see
+/// [`format_examples`]), in the system message so that the prompt prefix stays the same for
+/// every turn of the group.
+fn speak_prompt(agent: &Agent, req: &SpeakRequest, examples: &str) -> Vec<ChatMessage> {
     let me = &agent.0.me;
     let mut system = format!(
         "You are {}, a member of a team chat. About you: {}\n",
@@ -1457,6 +1479,10 @@ fn speak_prompt(agent: &Agent, req: &SpeakRequest) -> Vec<ChatMessage> {
          (give members tasks that match their skills), pause (wait for tasks), conclude (final answer \
          with every fact found).",
     );
+    if !examples.is_empty() {
+        system.push('\n');
+        system.push_str(examples);
+    }
     let mut user = format!("Goal: {}\n", req.goal);
     if !req.tasks.is_empty() {
         user.push_str("Tasks:\n");

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use starling_models::chat::ChatMessage;
 use starling_models::constraint::{Constraint, ConstraintError};
 use starling_models::engine::{
-    Chunk, Completion, FinishReason, GenerateRequest, Generation, Prompt,
+    Chunk, Completion, Engine, FinishReason, GenerateRequest, Generation, Prompt,
 };
 use starling_models::sampling::SamplingOptions;
 use starling_models::ModelError;
@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
 use super::extract::ApiJson;
-use super::state::{AppState, Metrics};
+use super::state::{AppState, MemoryExamples, Metrics};
+use crate::memory::{format_examples, DEFAULT_DOMAIN};
 
 /// Most stop sequences in one request.
 const MAX_STOP: usize = 16;
@@ -375,32 +376,46 @@ pub(crate) async fn chat_completions(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let plan = body.plan()?;
+    let mut plan = body.plan()?;
     let engine = state.chat_engine(plan.model.as_deref())?;
     let context = engine.info().context_length;
-    let req = GenerateRequest {
-        prompt: Prompt::Chat(plan.messages),
-        max_tokens: plan
-            .max_tokens
-            .or(state.config().default_max_tokens)
-            .unwrap_or(context)
-            .max(1),
-        sampling: plan.sampling,
-        stop: plan.stop,
+    // Worked examples from shared memories, when the node is set to show them. The
+    // request as sent is kept: it is answered as is if the examples do not fit.
+    let mut shown = Vec::new();
+    let mut as_sent = None;
+    if let Some(ex) = state.memory_examples() {
+        let mut messages = plan.messages.clone();
+        shown = with_examples(&mut messages, &ex).await;
+        if !shown.is_empty() {
+            as_sent = Some(std::mem::replace(&mut plan.messages, messages));
+        }
+    }
+    let max_tokens = plan
+        .max_tokens
+        .or(state.config().default_max_tokens)
+        .unwrap_or(context)
+        .max(1);
+    let request = |messages: Vec<ChatMessage>| GenerateRequest {
+        prompt: Prompt::Chat(messages),
+        max_tokens,
+        sampling: plan.sampling.clone(),
+        stop: plan.stop.clone(),
         constraint: constraint_for(&plan.format),
     };
     let permit = state.admit()?;
     let model_id = engine.info().id.clone();
-    // Rendering and tokenising a long prompt is CPU work: keep it off the async workers.
-    let generation = tokio::task::spawn_blocking(move || engine.generate(req))
-        .await
-        .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))?
-        .map_err(|e| match e {
-            ModelError::Constraint(ConstraintError::Compile { .. }) => {
-                ApiError::invalid_param("response_format", e.to_string())
-            }
-            e => ApiError::from(e),
-        })?;
+    let mut generation = generate(&engine, request(std::mem::take(&mut plan.messages))).await?;
+    if let (Err(ModelError::ContextOverflow { .. }), Some(messages)) = (&generation, as_sent) {
+        tracing::debug!("worked examples do not fit the context; answering without them");
+        shown.clear();
+        generation = generate(&engine, request(messages)).await?;
+    }
+    let generation = generation.map_err(|e| match e {
+        ModelError::Constraint(ConstraintError::Compile { .. }) => {
+            ApiError::invalid_param("response_format", e.to_string())
+        }
+        e => ApiError::from(e),
+    })?;
     Metrics::add(&state.counters().chat_completions, 1);
     let run = Run::new(&state, permit);
     let meta = Meta {
@@ -408,7 +423,7 @@ pub(crate) async fn chat_completions(
         created: unix_now(),
         model: model_id,
     };
-    if plan.stream {
+    let mut response = if plan.stream {
         let events = stream_events(StreamState {
             generation,
             run,
@@ -417,12 +432,12 @@ pub(crate) async fn chat_completions(
             shutdown: state.shutdown_token().clone(),
             phase: Phase::Role,
         });
-        Ok(Sse::new(events)
+        Sse::new(events)
             .keep_alive(KeepAlive::default())
-            .into_response())
+            .into_response()
     } else {
         let (text, done) = collect(generation, run, &state).await?;
-        Ok(Json(json!({
+        Json(json!({
             "id": meta.id,
             "object": "chat.completion",
             "created": meta.created,
@@ -436,8 +451,57 @@ pub(crate) async fn chat_completions(
             }],
             "usage": usage(&done),
         }))
-        .into_response())
+        .into_response()
+    };
+    if !shown.is_empty() {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&shown.join(",")) {
+            response.headers_mut().insert(MEMORIES_HEADER, v);
+        }
     }
+    Ok(response)
+}
+
+/// Starts a generation. Rendering and tokenising a long prompt is CPU work: it runs off
+/// the async workers.
+async fn generate(
+    engine: &Engine,
+    req: GenerateRequest,
+) -> Result<Result<Generation, ModelError>, ApiError> {
+    let engine = engine.clone();
+    tokio::task::spawn_blocking(move || engine.generate(req))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))
+}
+
+/// Response header listing the ids of the shared memories shown as worked examples.
+pub const MEMORIES_HEADER: &str = "x-starling-memories";
+
+/// Adds worked examples from shared memories for the last user message to the system
+/// message (a system message is put first when there is none). Returns the ids shown.
+async fn with_examples(messages: &mut Vec<ChatMessage>, ex: &MemoryExamples) -> Vec<String> {
+    let Some(query) = messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map(|m| m.content.clone())
+    else {
+        return Vec::new();
+    };
+    let memories = ex
+        .book
+        .examples_for(DEFAULT_DOMAIN, &query, ex.k, ex.min_cosine)
+        .await;
+    if memories.is_empty() {
+        return Vec::new();
+    }
+    let text = format_examples(&memories);
+    match messages.first_mut() {
+        Some(m) if m.role == "system" => {
+            m.content = format!("{}\n\n{text}", m.content.trim_end());
+        }
+        _ => messages.insert(0, ChatMessage::system(text)),
+    }
+    memories.into_iter().map(|m| m.id).collect()
 }
 
 async fn collect(

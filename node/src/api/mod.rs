@@ -40,7 +40,8 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
-pub use state::{ApiConfig, AppState, MetricsSnapshot};
+pub use chat::MEMORIES_HEADER;
+pub use state::{ApiConfig, AppState, MemoryExamples, MetricsSnapshot};
 
 use state::Metrics;
 

@@ -52,6 +52,18 @@ struct ChatModel {
 
 /// State shared by every handler. Cheap to clone.
 ///
+/// Worked examples for `/v1/chat/completions`: up to `k` memories of the general domain
+/// similar to the last user message (cosine >= `min_cosine`) go into the system message.
+#[derive(Clone, Debug)]
+pub struct MemoryExamples {
+    /// Where the memories come from.
+    pub book: crate::memory::MemoryBook,
+    /// Most examples per request.
+    pub k: usize,
+    /// Lowest cosine between the last user message and a memory's prompt.
+    pub min_cosine: f32,
+}
+
 /// Models can be set, replaced or removed while the server runs: a request takes the model
 /// in place when it starts and keeps it to its end.
 #[derive(Clone)]
@@ -63,6 +75,7 @@ struct Shared {
     config: ApiConfig,
     chat: RwLock<Option<ChatModel>>,
     embedder: RwLock<Option<EmbedHandle>>,
+    examples: RwLock<Option<MemoryExamples>>,
     metrics: Metrics,
     inflight: Arc<Semaphore>,
     shutdown: CancellationToken,
@@ -82,6 +95,7 @@ impl AppState {
                 config,
                 chat: RwLock::new(None),
                 embedder: RwLock::new(None),
+                examples: RwLock::new(None),
                 metrics: Metrics::default(),
                 shutdown: CancellationToken::new(),
                 created,
@@ -121,6 +135,24 @@ impl AppState {
             .embedder
             .write()
             .unwrap_or_else(|p| p.into_inner()) = handle;
+    }
+
+    /// Puts worked examples from shared memories into chat completions (`None`: off).
+    pub fn set_memory_examples(&self, examples: Option<MemoryExamples>) {
+        *self
+            .inner
+            .examples
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = examples;
+    }
+
+    /// The memory examples setting, when on.
+    pub fn memory_examples(&self) -> Option<MemoryExamples> {
+        self.inner
+            .examples
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The chat model's slot, for hot swapping.

@@ -759,6 +759,33 @@ impl MemoryBook {
         Ok(self.top_k_embedded(domain, query, &emb, k))
     }
 
+    /// Worked examples for a prompt about to be answered: up to `k` memories of `domain`
+    /// ranked by [`MemoryBook::top_k`] whose prompt has cosine >= `min_cosine` with `query`
+    /// (an example about another subject makes a small model copy its facts). Retrieval
+    /// failures are logged and give no examples: answering never waits on them.
+    pub async fn examples_for(
+        &self,
+        domain: &str,
+        query: &str,
+        k: usize,
+        min_cosine: f32,
+    ) -> Vec<Memory> {
+        if k == 0 || self.is_empty() || query.trim().is_empty() {
+            return Vec::new();
+        }
+        match self.top_k(domain, query, k).await {
+            Ok(hits) => hits
+                .into_iter()
+                .filter(|h| h.cosine >= min_cosine)
+                .map(|h| h.memory)
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "memory retrieval failed; answering without examples");
+                Vec::new()
+            }
+        }
+    }
+
     /// [`MemoryBook::top_k`] with the query already embedded (`&[]`: by text only).
     pub fn top_k_embedded(
         &self,
