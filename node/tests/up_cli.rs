@@ -79,6 +79,147 @@ fn wait_peers(api: SocketAddr, want: usize) -> Vec<Value> {
     }
 }
 
+/// The swarm secret of the node at `api`, once it answers.
+fn secret_of(api: SocketAddr) -> String {
+    let t = Instant::now();
+    loop {
+        let out = cli(&["invite", "--api", &api.to_string(), "--secret"]);
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "node {api} never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `starling memory add` on `api`; returns the new memory's id.
+fn add_memory(api: SocketAddr, prompt: &str, answer: &str) -> String {
+    let out = cli(&[
+        "memory",
+        "add",
+        "--api",
+        &api.to_string(),
+        "--json",
+        "--prompt",
+        prompt,
+        "--answer",
+        answer,
+    ]);
+    assert!(
+        out.status.success(),
+        "memory add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("memory add JSON");
+    assert_eq!(v["added"], true, "{v}");
+    v["memory"]["id"].as_str().expect("memory id").to_owned()
+}
+
+/// Polls `starling memory list --json` on `api` until every id of `want` is listed.
+fn wait_memories(api: SocketAddr, want: &[&str]) {
+    let t = Instant::now();
+    loop {
+        let out = cli(&["memory", "list", "--api", &api.to_string(), "--json"]);
+        let have: Vec<String> = if out.status.success() {
+            let v: Value = serde_json::from_slice(&out.stdout).expect("memory list JSON");
+            v["memories"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if want.iter().all(|w| have.iter().any(|h| h == w)) {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{api}: memories {want:?} not all listed; have {have:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Memories across three `starling up` processes: one added anywhere is listed
+/// everywhere; a node killed with SIGKILL keeps what it had, and on restart gets what the
+/// others added while it was gone (the partition heals); a memory acknowledged just before
+/// SIGKILL is still there after restart.
+#[test]
+fn memories_replicate_survive_kill_9_and_converge_after_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = write_tiny_llama(dir.path(), "tiny", 256);
+    let home = dir.path().join("home");
+    let (da, db, dc) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
+    let mut a = up(&home, &da, &model, "alice", &[]);
+    let secret = secret_of(a.api);
+    let join = |data: &Path, name: &str, boot: SocketAddr| {
+        up(
+            &home,
+            data,
+            &model,
+            name,
+            &[
+                "--bootstrap".into(),
+                boot.to_string(),
+                "--swarm-secret".into(),
+                secret.clone(),
+            ],
+        )
+    };
+    let mut b = join(&db, "bob", a.quic);
+    let c = join(&dc, "cyra", a.quic);
+    wait_peers(a.api, 2);
+    wait_peers(b.api, 2);
+    wait_peers(c.api, 2);
+
+    let m1 = add_memory(a.api, "How long do soft boiled eggs cook?", "Six minutes.");
+    for api in [a.api, b.api, c.api] {
+        wait_memories(api, &[&m1]);
+    }
+
+    // Bob dies without a goodbye; the others keep writing.
+    let _ = b.child.kill();
+    let _ = b.child.wait();
+    let m2 = add_memory(
+        a.api,
+        "What temperature proves bread dough?",
+        "About 27 degrees.",
+    );
+    let m3 = add_memory(
+        c.api,
+        "How much salt goes in pasta water?",
+        "About 10 g per litre.",
+    );
+    wait_memories(c.api, &[&m2, &m3]);
+
+    // Back with the same data dir: what it had, plus what it missed.
+    let b2 = up(&home, &db, &model, "bob", &[]);
+    wait_memories(b2.api, &[&m1, &m2, &m3]);
+
+    // An acknowledged add is durable: SIGKILL right after it loses nothing.
+    let m4 = add_memory(
+        a.api,
+        "How long does rice rest after cooking?",
+        "Ten minutes, covered.",
+    );
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    let a2 = up(&home, &da, &model, "alice", &[]);
+    wait_memories(a2.api, &[&m1, &m2, &m3, &m4]);
+    drop((b, c, b2, a2));
+}
+
 #[test]
 fn two_nodes_by_hand_find_each_other_and_rejoin_from_cache() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -88,20 +229,7 @@ fn two_nodes_by_hand_find_each_other_and_rejoin_from_cache() {
 
     let a = up(&home, &da, &model, "alice", &[]);
     // The second node needs the first one's secret: ask it, like a script would.
-    let secret = {
-        let t = Instant::now();
-        loop {
-            let out = cli(&["invite", "--api", &a.api.to_string(), "--secret"]);
-            if out.status.success() {
-                break String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "node a never answered"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let secret = secret_of(a.api);
     let mut b = up(
         &home,
         &db,

@@ -708,7 +708,13 @@ impl MemoryBook {
                 Memory::from_body(hex_id(&id), self.0.me.clone(), body)
             }
         };
-        self.insert(memory, Some(emb)).await
+        // The swarm announces the new record to every follower, this book's own included
+        // (see [`MemoryBook::follow`]), which may index it first: that is this memory.
+        let id = memory.id.clone();
+        Ok(match self.insert(memory.clone(), Some(emb)).await? {
+            Inserted::Known(known) if known == id => Inserted::Added(memory),
+            other => other,
+        })
     }
 
     /// Ingests swarm records of kind `memory` (others and invalid ones are skipped, with a
