@@ -324,10 +324,8 @@ impl Node {
         }));
         let routes = api::router_with(
             app.clone(),
-            crate::api::node::router(node.clone()).merge(crate::memory::http::routes(
-                memory,
-                admission,
-            )),
+            crate::api::node::router(node.clone())
+                .merge(crate::memory::http::routes(memory, admission)),
         );
         let api_cancel = cancel.clone();
         tokio::spawn(async move {

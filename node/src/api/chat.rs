@@ -146,7 +146,8 @@ impl ChatCompletionRequest {
             sampling.temperature = t as f32;
         }
         if let Some(p) = self.top_p {
-            if !(p > 0.0 && p <= 1.0) {
+            // Checked as the engine will see it: a tiny positive f64 is 0 as an f32.
+            if !(p as f32 > 0.0 && p <= 1.0) {
                 return Err(ApiError::invalid_param(
                     "top_p",
                     "top_p must be greater than 0 and at most 1",
@@ -167,7 +168,7 @@ impl ChatCompletionRequest {
             sampling.min_p = p as f32;
         }
         if let Some(r) = self.repeat_penalty {
-            if !(r > 0.0 && r <= 10.0) {
+            if !(r as f32 > 0.0 && r <= 10.0) {
                 return Err(ApiError::invalid_param(
                     "repeat_penalty",
                     "repeat_penalty must be greater than 0 and at most 10",
@@ -786,6 +787,14 @@ mod tests {
         assert_eq!(
             param_of(parse(json!({"messages": msgs, "top_p": 0}))).as_deref(),
             Some("top_p")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "top_p": 5e-324}))).as_deref(),
+            Some("top_p")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "repeat_penalty": 1e-60}))).as_deref(),
+            Some("repeat_penalty")
         );
         assert_eq!(
             param_of(parse(json!({"messages": msgs, "max_tokens": 0}))).as_deref(),

@@ -101,11 +101,17 @@ impl ApiError {
     }
 
     /// 413: the body is larger than the configured limit.
-    pub fn too_large(limit: usize) -> Self {
+    pub fn too_large(limit: Option<usize>) -> Self {
+        let message = match limit {
+            Some(limit) => {
+                format!("the request body is larger than this server's limit of {limit} bytes")
+            }
+            None => "the request body is larger than this server's limit".to_owned(),
+        };
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
-            format!("the request body is larger than this server's limit of {limit} bytes"),
+            message,
         )
         .with_code("request_too_large")
     }

@@ -1,12 +1,18 @@
-//! A JSON body extractor whose rejections are OpenAI-shaped errors naming the bad field.
+//! Body, query and path extractors whose rejections are OpenAI-shaped errors naming the
+//! bad field, so no malformed request gets axum's plain-text answers.
 
 use axum::body::Bytes;
-use axum::extract::{FromRef, FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use super::state::AppState;
+
+/// The body size limit in force, put in the request's extensions by the API's middleware
+/// so extractors can name it in their errors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyLimit(pub usize);
 
 /// The body, parsed as JSON into `T`.
 ///
@@ -19,7 +25,6 @@ impl<S, T> FromRequest<S> for ApiJson<T>
 where
     T: DeserializeOwned,
     S: Send + Sync,
-    AppState: FromRef<S>,
 {
     type Rejection = ApiError;
 
@@ -27,7 +32,7 @@ where
         if !is_json(&req) {
             return Err(ApiError::not_json());
         }
-        let limit = AppState::from_ref(state).config().max_body_bytes;
+        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0);
         let bytes = Bytes::from_request(req, state).await.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large(limit)
@@ -36,6 +41,68 @@ where
             }
         })?;
         parse(&bytes).map(ApiJson)
+    }
+}
+
+/// The query string, parsed into `T`; one that does not fit gets a 400.
+pub(crate) struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|r| {
+                let text = r.body_text();
+                let detail = text
+                    .strip_prefix("Failed to deserialize query string: ")
+                    .unwrap_or(&text);
+                let message = format!("invalid query string: {detail}");
+                // serde names the parameter first: `k: invalid digit found in string`.
+                match detail.split_once(": ") {
+                    Some((name, _))
+                        if !name.is_empty()
+                            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+                    {
+                        ApiError::invalid_param(name, message)
+                    }
+                    _ => ApiError::invalid(message),
+                }
+            })
+    }
+}
+
+/// The path parameters, parsed into `T`; ones that do not fit (say, not UTF-8 once
+/// percent-decoded) get a 400.
+pub(crate) struct ApiPath<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(p)| ApiPath(p))
+            .map_err(|r| {
+                let status = r.status();
+                let text = r.body_text();
+                if status.is_server_error() {
+                    // A route whose template does not match its handler: a bug, not input.
+                    ApiError::internal(text)
+                } else {
+                    ApiError::invalid(format!("invalid URL path: {text}"))
+                }
+            })
     }
 }
 

@@ -10,6 +10,8 @@
 //! - `POST /v1/embeddings`
 //! - `GET /v1/models`, `GET /v1/models/{id}`
 //! - `GET /health`: liveness, served models and counters
+//! - `GET /openapi.json`: the OpenAPI document of these routes (`node/assets/openapi.json`;
+//!   a node serves all of it, see [`node::router`])
 //!
 //! Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}` with a matching
 //! status. Inference runs on the models' own threads; a streamed generation stops when its
@@ -23,6 +25,7 @@ mod error;
 mod extract;
 mod models;
 pub mod node;
+mod openapi;
 mod state;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -39,8 +42,9 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
-pub use error::ApiError;
 pub use chat::MEMORIES_HEADER;
+pub use error::ApiError;
+pub(crate) use extract::{ApiJson, ApiPath, ApiQuery};
 pub use state::{ApiConfig, AppState, MemoryExamples, MetricsSnapshot};
 
 use state::Metrics;
@@ -64,13 +68,18 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// The API's routes and middleware over `state`.
+/// The API's routes and middleware over `state`, with the OpenAI part of the OpenAPI
+/// document at `/openapi.json`.
 pub fn router(state: AppState) -> Router {
-    router_with(state, Router::new())
+    router_with(
+        state,
+        Router::new().route("/openapi.json", get(openapi::openai_part)),
+    )
 }
 
 /// The OpenAI-compatible routes plus `extra` (e.g. the node API of a running node), all
-/// behind the same limits, host check, CORS policy and error shape.
+/// behind the same limits, host check, CORS policy and error shape. `extra` serves
+/// `/openapi.json` if it wants one.
 pub fn router_with(state: AppState, extra: Router) -> Router {
     let limit = state.config().max_body_bytes;
     Router::new()
@@ -143,9 +152,11 @@ pub async fn serve_router_on(
 
 /// Counts requests and answers, and refuses requests addressed to a non-loopback host when
 /// the config says so.
-async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let counters = state.counters();
     Metrics::add(&counters.http_requests, 1);
+    req.extensions_mut()
+        .insert(extract::BodyLimit(state.config().max_body_bytes));
     let response = match host_refused(&state, &req) {
         Some(err) => err.into_response(),
         None => next.run(req).await,

@@ -1,10 +1,11 @@
 //! `GET /v1/models`, `GET /v1/models/{id}` and `GET /health`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::extract::ApiPath;
 use super::state::{AppState, ServedModel};
 
 fn model_object(state: &AppState, m: &ServedModel) -> Value {
@@ -33,7 +34,7 @@ pub(crate) async fn list(State(state): State<AppState>) -> Json<Value> {
 /// One served model, by id or alias.
 pub(crate) async fn get(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let served = state.served_models();
     served

@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 
-use axum::extract::{FromRef, Path, Query, State};
+use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use starling_discovery::{PeerInfo, PeerState};
 
 use super::error::ApiError;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::state::AppState;
 use crate::agent::card::{CardHit, KnownCard};
 use crate::agent::chat::{Message, Task};
@@ -41,6 +41,7 @@ impl FromRef<NodeApi> for AppState {
 pub fn router(node: Node) -> Router {
     Router::new()
         .route("/", get(dashboard))
+        .route("/openapi.json", get(super::openapi::full))
         .route("/metrics", get(metrics))
         .route("/api/node", get(node_info))
         .route("/api/peers", get(peers))
@@ -178,7 +179,7 @@ pub enum CardsBody {
 
 async fn cards(
     State(s): State<NodeApi>,
-    Query(q): Query<CardQuery>,
+    ApiQuery(q): ApiQuery<CardQuery>,
 ) -> Result<Json<CardsBody>, ApiError> {
     let k = q.k.unwrap_or(10);
     if k == 0 || k > 100 {
@@ -299,7 +300,7 @@ pub struct GroupDetail {
 
 async fn group(
     State(s): State<NodeApi>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<GroupDetail>, ApiError> {
     let store = s.node.agent.store();
     let g = store
@@ -376,7 +377,7 @@ pub struct HumanAnswer {
 
 async fn human_answer(
     State(s): State<NodeApi>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<HumanAnswer>,
 ) -> Result<StatusCode, ApiError> {
     let answer = body.answer.trim().to_owned();

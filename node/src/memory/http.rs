@@ -6,12 +6,11 @@
 //! - `POST /api/memories/{id}/feedback`: `{"helpful": bool}`.
 //! - `GET /api/memories/trust`, `POST /api/memories/trust`: author trust.
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::json;
 
 use super::admission::{admit, AdmissionConfig, Admitted, Pair};
 use super::api_types::{
@@ -20,6 +19,7 @@ use super::api_types::{
 };
 use super::book::{BookError, MemoryBook};
 use super::record::DEFAULT_DOMAIN;
+use crate::api::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::store::AuthorTrust;
 
 /// State of the memory routes.
@@ -31,7 +31,8 @@ pub struct MemoryApi {
     pub admission: AdmissionConfig,
 }
 
-/// The memory routes, ready to merge into any router (they carry their own state).
+/// The memory routes, ready to merge into any router (they carry their own state). Errors
+/// are the API's OpenAI-shaped [`ApiError`]s.
 pub fn routes<S: Clone + Send + Sync + 'static>(
     book: MemoryBook,
     admission: AdmissionConfig,
@@ -43,46 +44,32 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
         .with_state(MemoryApi { book, admission })
 }
 
-/// An error answer in the API's shape (`{"error": {"message", "type"}}`).
-fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
-    let kind = if status.is_client_error() {
-        "invalid_request_error"
-    } else {
-        "server_error"
-    };
-    (
-        status,
-        Json(json!({"error": {"message": message.to_string(), "type": kind}})),
-    )
-        .into_response()
-}
-
-fn book_error(e: BookError) -> Response {
+fn book_error(e: BookError) -> ApiError {
     match e {
-        BookError::Invalid(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e),
-        BookError::NotFound(id) => error(StatusCode::NOT_FOUND, format!("no memory {id}")),
-        other => error(StatusCode::INTERNAL_SERVER_ERROR, other),
+        BookError::Invalid(e) => ApiError::invalid(e.to_string()),
+        BookError::NotFound(id) => ApiError::not_found(format!("no memory `{id}`")),
+        other => ApiError::internal(other.to_string()),
     }
 }
 
-async fn list(State(api): State<MemoryApi>, Query(q): Query<MemoryQuery>) -> Response {
+async fn list(
+    State(api): State<MemoryApi>,
+    ApiQuery(q): ApiQuery<MemoryQuery>,
+) -> Result<Json<MemoryList>, ApiError> {
     match q.q.as_deref().filter(|s| !s.trim().is_empty()) {
         Some(text) => {
             let domain = q.domain.as_deref().unwrap_or(DEFAULT_DOMAIN);
             let k = q.limit.unwrap_or(3).clamp(1, 100);
-            match api.book.top_k(domain, text, k).await {
-                Ok(hits) => Json(MemoryList {
-                    memories: hits
-                        .into_iter()
-                        .map(|h| MemoryView {
-                            memory: h.memory,
-                            rank_score: Some(h.score),
-                        })
-                        .collect(),
-                })
-                .into_response(),
-                Err(e) => book_error(e),
-            }
+            let hits = api.book.top_k(domain, text, k).await.map_err(book_error)?;
+            Ok(Json(MemoryList {
+                memories: hits
+                    .into_iter()
+                    .map(|h| MemoryView {
+                        memory: h.memory,
+                        rank_score: Some(h.score),
+                    })
+                    .collect(),
+            }))
         }
         None => {
             let limit = q.limit.unwrap_or(100).clamp(1, 10_000);
@@ -95,20 +82,26 @@ async fn list(State(api): State<MemoryApi>, Query(q): Query<MemoryQuery>) -> Res
                     rank_score: None,
                 })
                 .collect();
-            Json(MemoryList { memories }).into_response()
+            Ok(Json(MemoryList { memories }))
         }
     }
 }
 
-async fn add(State(api): State<MemoryApi>, Json(req): Json<AddMemoryRequest>) -> Response {
+async fn add(
+    State(api): State<MemoryApi>,
+    ApiJson(req): ApiJson<AddMemoryRequest>,
+) -> Result<Response, ApiError> {
     let pair = Pair {
         domain: req.domain.unwrap_or_else(|| DEFAULT_DOMAIN.to_owned()),
         prompt: req.prompt,
         answer: req.answer,
         source: req.source,
     };
-    match admit(&api.book, None, &api.admission, &pair, req.score).await {
-        Ok(Admitted::Kept(m)) => (
+    let admitted = admit(&api.book, None, &api.admission, &pair, req.score)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(match admitted {
+        Admitted::Kept(m) => (
             StatusCode::CREATED,
             Json(AddMemoryResponse {
                 added: true,
@@ -117,60 +110,65 @@ async fn add(State(api): State<MemoryApi>, Json(req): Json<AddMemoryRequest>) ->
             }),
         )
             .into_response(),
-        Ok(Admitted::Rejected(r)) => Json(AddMemoryResponse {
+        Admitted::Rejected(r) => Json(AddMemoryResponse {
             added: false,
             memory: None,
             rejected: Some(r.to_string()),
         })
         .into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
-    }
+    })
 }
 
-async fn forget(State(api): State<MemoryApi>, Query(q): Query<ForgetQuery>) -> Response {
-    let res = match (q.author, q.id) {
-        (Some(author), None) => api.book.forget_author(&author).await,
-        (None, Some(id)) => api.book.forget(&id).await.map(u64::from),
+async fn forget(
+    State(api): State<MemoryApi>,
+    ApiQuery(q): ApiQuery<ForgetQuery>,
+) -> Result<Json<ForgetResponse>, ApiError> {
+    let forgotten = match (q.author, q.id) {
+        (Some(author), None) if !author.is_empty() => api.book.forget_author(&author).await,
+        (None, Some(id)) if !id.is_empty() => api.book.forget(&id).await.map(u64::from),
         _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "give exactly one of ?author=NODE_ID and ?id=MEMORY_ID",
-            )
+            return Err(ApiError::invalid(
+                "give exactly one of ?author=NODE_ID and ?id=MEMORY_ID, not empty",
+            ))
         }
-    };
-    match res {
-        Ok(forgotten) => Json(ForgetResponse { forgotten }).into_response(),
-        Err(e) => book_error(e),
     }
+    .map_err(book_error)?;
+    Ok(Json(ForgetResponse { forgotten }))
 }
 
 async fn feedback(
     State(api): State<MemoryApi>,
-    Path(id): Path<String>,
-    Json(req): Json<FeedbackRequest>,
-) -> Response {
-    match api.book.feedback(&id, req.helpful).await {
-        Ok(m) => Json(m).into_response(),
-        Err(e) => book_error(e),
-    }
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<FeedbackRequest>,
+) -> Result<Json<super::record::Memory>, ApiError> {
+    api.book
+        .feedback(&id, req.helpful)
+        .await
+        .map(Json)
+        .map_err(book_error)
 }
 
 async fn trusts(State(api): State<MemoryApi>) -> Json<Vec<AuthorTrust>> {
     Json(api.book.trusts())
 }
 
-async fn set_trust(State(api): State<MemoryApi>, Json(req): Json<TrustRequest>) -> Response {
-    match api
-        .book
+async fn set_trust(
+    State(api): State<MemoryApi>,
+    ApiJson(req): ApiJson<TrustRequest>,
+) -> Result<Json<AuthorTrust>, ApiError> {
+    if req.author.trim().is_empty() {
+        return Err(ApiError::invalid_param("author", "the author is empty"));
+    }
+    api.book
         .set_trust(&req.author, req.trust, req.ignored)
         .await
-    {
-        Ok(()) => Json(AuthorTrust {
-            author: req.author,
-            trust: req.trust,
-            ignored: req.ignored,
-        })
-        .into_response(),
-        Err(e) => book_error(e),
-    }
+        .map_err(book_error)?;
+    // Answer what was stored (the book clamps the weight), not what was asked.
+    let stored = api
+        .book
+        .trusts()
+        .into_iter()
+        .find(|t| t.author == req.author)
+        .ok_or_else(|| ApiError::internal("the trust entry was not stored"))?;
+    Ok(Json(stored))
 }
