@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Team-formation retrieval benchmark: generates the synthetic benchmark for two seeds with
-# `starling eval synth-team` and scores the node's hybrid search on each with
-# `starling eval team-formation` (real all-MiniLM-L6-v2 embeddings, BM25 and cosine alone for
-# comparison). Generated files go to $OUT (default: a temporary directory); nothing is
-# committed.
+# Team-formation retrieval benchmark: generates the synthetic benchmark for three seeds
+# (1 = development, 2 and 3 = held out) with `starling eval synth-team` and scores the node's
+# hybrid search on each with `starling eval team-formation` (real all-MiniLM-L6-v2
+# embeddings, BM25 and cosine alone for comparison). Generated files go to $OUT (default: a
+# temporary directory); nothing is committed.
 #
 # Usage: benches/team_formation/run.sh [--json]   (STARLING=path/to/starling to skip building;
 #        FULL=1 also runs the real LLM team-formation loop on LIMIT=20 tasks per seed)
@@ -11,7 +11,7 @@ set -euo pipefail
 
 CARDS=${CARDS:-1200}
 TASKS=${TASKS:-500}
-SEEDS=${SEEDS:-"1 2"}
+SEEDS=${SEEDS:-"1 2 3"}
 OUT=${OUT:-$(mktemp -d)}
 cd "$(dirname "$0")/../.."
 if [[ -z "${STARLING:-}" ]]; then

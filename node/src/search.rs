@@ -23,6 +23,14 @@
 //! found to beat reciprocal rank fusion in and out of domain. The optional prior multiplies
 //! the fused score, so feedback or trust can demote an entry without re-indexing it.
 //!
+//! # Several queries
+//!
+//! [`HybridIndex::search_many`] answers one request made of several queries (a task's
+//! requirements, one agent each). Each query's fused scores become a softmax distribution
+//! over the entries, so a query with one clear match ranks it above a query's pick among
+//! near-ties, and each query is weighted by its best cosine, so a sentence that asks for
+//! nothing in particular does not crowd out the real requirements ([`MultiQueryOptions`]).
+//!
 //! # Vector storage
 //!
 //! Vectors are stored as 8-bit integers with one scale per vector (`x ≈ q · max|x| / 127`),
@@ -523,11 +531,16 @@ fn quantize_into(v: &[f32], out: &mut [i8]) -> f32 {
 }
 
 impl HybridIndex {
-    /// An empty index for vectors of `dim` dimensions.
+    /// An empty index for vectors of `dim` dimensions (default BM25 parameters).
     pub fn new(dim: usize) -> Self {
+        Self::with_params(dim, Bm25Params::default())
+    }
+
+    /// An empty index for vectors of `dim` dimensions with the given BM25 parameters.
+    pub fn with_params(dim: usize, params: Bm25Params) -> Self {
         Self {
             dim,
-            bm25: Bm25Index::new(),
+            bm25: Bm25Index::with_params(params),
             vectors: Vec::new(),
             scales: Vec::new(),
         }
@@ -705,27 +718,47 @@ impl HybridIndex {
     }
 
     /// Searches several queries at once (e.g. the requirements of one task) and merges the
-    /// results: an entry's score is its best over the queries of `hit.score x c_q`, where
-    /// `c_q` (the best cosine any entry reaches for query `q`, or 1 for a text-only query)
-    /// says how well that query matched anything. Scores are max-normalised per query, so
-    /// without `c_q` a vague query ("we have a deadline") would put its best entry on a par
-    /// with a precise one's. The returned `bm25`/`cosine` are those of the winning query.
+    /// results; see [`MultiQueryOptions`] for how. Each query is scored against every entry
+    /// (as [`HybridIndex::search`] with `opts.fusion`); an entry's merged score is its best
+    /// over the queries of `ln p_q(entry) + confidence_power x ln c_q`, where `p_q` is the
+    /// softmax of the query's fused scores and `c_q` the best cosine any entry reaches for
+    /// the query (1 for a text-only query). [`Hit::score`] is that merged score (a
+    /// log-probability, so at most about 0; higher is better); `bm25`/`cosine` are those of
+    /// the winning query.
     pub fn search_many(
         &self,
         queries: &[(&str, &[f32])],
         k: usize,
-        opts: &HybridOptions,
+        opts: &MultiQueryOptions,
     ) -> Vec<Hit> {
+        let n = self.len();
+        if k == 0 || n == 0 {
+            return Vec::new();
+        }
         let mut best: HashMap<u64, Hit> = HashMap::new();
         for (text, embedding) in queries {
-            let hits = self.search(text, embedding, k, opts);
-            let confidence = if embedding.is_empty() {
+            let hits = self.search(text, embedding, n, &opts.fusion);
+            let confidence = if embedding.len() != self.dim {
+                // Text only (see `search`).
                 1.0
             } else {
                 hits.iter().map(|h| h.cosine).fold(0.0f32, f32::max)
             };
+            if confidence <= 0.0 {
+                // Nothing resembles this query: it says nothing about any entry.
+                continue;
+            }
+            let weight = opts.confidence_power * confidence.ln();
+            // Log-sum-exp of the sharpened scores, shifted by the maximum (hits are sorted).
+            let top = hits.first().map_or(0.0, |h| h.score) * opts.sharpness;
+            let log_z = top
+                + hits
+                    .iter()
+                    .map(|h| (h.score * opts.sharpness - top).exp())
+                    .sum::<f32>()
+                    .ln();
             for mut hit in hits {
-                hit.score *= confidence;
+                hit.score = hit.score * opts.sharpness - log_z + weight;
                 match best.get(&hit.key) {
                     Some(b) if b.score >= hit.score => {}
                     _ => {
@@ -738,6 +771,44 @@ impl HybridIndex {
         merged.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.key.cmp(&b.key)));
         merged.truncate(k);
         merged
+    }
+}
+
+/// How [`HybridIndex::search_many`] merges the results of several queries, e.g. one per
+/// requirement of a task that needs a team.
+///
+/// Max-normalised fusion gives every query's best entry the same score, whether it is the
+/// clear winner or one of ten near-ties, so merging by the best fused score interleaves a
+/// confident query's winner with a coin flip of an ambiguous one. Instead, each query's fused
+/// scores become a distribution over the entries, `p_q = softmax(sharpness x score)`: a query
+/// with one clear match gives it most of the mass, an ambiguous one spreads it. Each query
+/// is also weighted by how well it matches anything at all (`c_q^confidence_power`, with
+/// `c_q` its best cosine), so a sentence that asks for nothing ("we have a deadline") does
+/// not put its nearest entries ahead of real requirements.
+#[derive(Debug, Clone, Copy)]
+pub struct MultiQueryOptions<'a> {
+    /// Fusion of each query's signals (default: 0.9 x cosine + 0.1 x BM25, max-normalised).
+    pub fusion: HybridOptions<'a>,
+    /// Inverse temperature of the per-query softmax (default 20). Fused scores lie in
+    /// `[0, 1]` like cosines, and 20 is the similarity scale that sentence-transformers'
+    /// contrastive training (all-MiniLM-L6-v2 among others) uses.
+    pub sharpness: f32,
+    /// Exponent of the query's best cosine in its weight (default 2; 0 weighs all queries
+    /// alike).
+    pub confidence_power: f32,
+}
+
+impl Default for MultiQueryOptions<'_> {
+    fn default() -> Self {
+        Self {
+            fusion: HybridOptions {
+                semantic_weight: 0.9,
+                lexical_weight: 0.1,
+                prior: None,
+            },
+            sharpness: 20.0,
+            confidence_power: 2.0,
+        }
     }
 }
 
@@ -971,19 +1042,48 @@ mod tests {
         idx.insert(2, "beta", vec![0.0, 1.0, 0.0]).unwrap();
         idx.insert(3, "gamma", vec![0.7, 0.7, 0.0]).unwrap();
         let (qa, qb) = ([1.0, 0.0, 0.0], [0.0, 1.0, 0.0]);
+        let opts = MultiQueryOptions::default();
         // One query halfway between finds the blend first; two precise queries find both.
         let blend = idx.search("", &[0.7, 0.7, 0.0], 3, &HybridOptions::default());
         assert_eq!(blend[0].key, 3);
-        let hits = idx.search_many(&[("", &qa), ("", &qb)], 2, &HybridOptions::default());
+        let hits = idx.search_many(&[("", &qa), ("", &qb)], 2, &opts);
         let mut keys: Vec<u64> = hits.iter().map(|h| h.key).collect();
         keys.sort_unstable();
         assert_eq!(keys, vec![1, 2]);
+        assert!(hits.iter().all(|h| h.score <= 0.0));
         // A vague query (weak best cosine) does not outrank a precise one.
-        let vague = [0.0, 0.0, 1.0];
-        let mut v = vague.to_vec();
-        v[0] = 0.2;
-        let hits = idx.search_many(&[("", &v), ("", &qb)], 1, &HybridOptions::default());
+        let vague = [0.2, 0.0, 1.0];
+        let hits = idx.search_many(&[("", &vague), ("", &qb)], 1, &opts);
         assert_eq!(hits[0].key, 2);
+        // Text-only queries are merged too.
+        let hits = idx.search_many(&[("gamma", &[]), ("beta", &[])], 2, &opts);
+        let mut keys: Vec<u64> = hits.iter().map(|h| h.key).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, vec![2, 3]);
+    }
+
+    #[test]
+    fn search_many_puts_a_clear_match_before_a_near_tie() {
+        // Query `qa` has two near-identical matches (1 and 2), query `qb` one clear match
+        // (3). Max-normalised, 1 and 3 both score 1 and the lower key would win; calibrated
+        // per query, the clear match comes first and the near-tie after.
+        let mut idx = HybridIndex::new(3);
+        idx.insert(1, "", vec![1.0, 0.0, 0.05]).unwrap();
+        idx.insert(2, "", vec![1.0, 0.0, -0.05]).unwrap();
+        idx.insert(3, "", vec![0.0, 1.0, 0.0]).unwrap();
+        let (qa, qb) = ([1.0, 0.0, 0.0], [0.0, 1.0, 0.0]);
+        let sharp = MultiQueryOptions::default();
+        let hits = idx.search_many(&[("", &qa), ("", &qb)], 3, &sharp);
+        assert_eq!(hits[0].key, 3, "{hits:?}");
+        // With no sharpening every entry of a query is equally likely: no winner stands out.
+        let flat = MultiQueryOptions {
+            sharpness: 0.0,
+            ..MultiQueryOptions::default()
+        };
+        let hits = idx.search_many(&[("", &qa), ("", &qb)], 3, &flat);
+        assert!(hits
+            .windows(2)
+            .all(|w| (w[0].score - w[1].score).abs() < 1e-5));
     }
 
     #[test]

@@ -65,15 +65,31 @@ impl AgentCard {
         }
     }
 
-    /// The text that is searched and embedded.
+    /// The text that is embedded: what the agent does (description and skills). The name
+    /// is left out: it is an identifier, and in an embedding it only pulls together cards
+    /// with similar-sounding names (on a 1,200-card benchmark, leaving names and types out
+    /// of the embedded text raised the share of requirements whose best match is the right
+    /// agent from 32% to 41%). A card with neither description nor skills embeds its name.
     pub fn search_text(&self) -> String {
-        let mut s = format!("{}. {}", self.name, self.description);
+        let mut s = self.description.trim().to_owned();
         if !self.skills.is_empty() {
-            s.push_str(" Skills: ");
+            if !s.is_empty() {
+                s.push(' ');
+            }
+            s.push_str("Skills: ");
             s.push_str(&self.skills.join(", "));
             s.push('.');
         }
+        if s.is_empty() {
+            s = self.name.clone();
+        }
         s
+    }
+
+    /// The text that is indexed for keyword search: the name (so that a search for it finds
+    /// the card) and [`AgentCard::search_text`].
+    pub fn index_text(&self) -> String {
+        format!("{}. {}", self.name, self.search_text())
     }
 
     /// Encodes for publishing.
@@ -97,6 +113,17 @@ impl AgentCard {
         Ok(card)
     }
 }
+
+/// How card searches weigh meaning against keywords: mostly meaning. Keywords still decide
+/// between cards that say the same thing about different specifics (a language, a
+/// platform), which the embedding barely tells apart. On the team-formation benchmark
+/// (`starling eval team-formation`), 0.9/0.1 put the right agent first for 44% of single
+/// requirements against 41% for the general 0.7/0.3 default.
+const CARD_FUSION: HybridOptions<'static> = HybridOptions {
+    semantic_weight: 0.9,
+    lexical_weight: 0.1,
+    prior: None,
+};
 
 /// A card with its author and when it was published.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,7 +172,8 @@ impl CardBook {
 
     /// Adds or replaces the card of `node_id` if `published_ms` is newer than what the book
     /// has. `embedding` is the card's [`AgentCard::search_text`] embedded (empty when there
-    /// is no embedder). Returns whether the book changed.
+    /// is no embedder); its [`AgentCard::index_text`] is indexed for BM25. Returns whether
+    /// the book changed.
     pub fn upsert(
         &mut self,
         node_id: &str,
@@ -159,7 +187,7 @@ impl CardBook {
                 return false;
             }
         }
-        let text = card.search_text();
+        let text = card.index_text();
         let vector = if embedding.len() == self.index.dim() {
             embedding
         } else {
@@ -231,7 +259,7 @@ impl CardBook {
         let prior = |key: u64| if skip.contains(&key) { 0.0 } else { 1.0 };
         let opts = HybridOptions {
             prior: Some(&prior),
-            ..HybridOptions::default()
+            ..CARD_FUSION
         };
         self.index
             .search(query, query_embedding, k + skip.len(), &opts)
@@ -295,6 +323,25 @@ mod tests {
         assert!(hits.iter().all(|h| h.card.node_id != "n2"));
         assert!(b.remove("n2"));
         assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn the_name_is_indexed_but_not_embedded() {
+        let c = card("Lexi", "translates contracts", &["German", "French"]);
+        assert_eq!(
+            c.search_text(),
+            "translates contracts Skills: German, French."
+        );
+        assert_eq!(
+            c.index_text(),
+            "Lexi. translates contracts Skills: German, French."
+        );
+        assert_eq!(card("Bare", " ", &[]).search_text(), "Bare");
+        // A search for the name finds the card by keyword.
+        let mut b = CardBook::new(2);
+        b.upsert("n1", 1, c, vec![1.0, 0.0]);
+        b.upsert("n2", 1, card("Other", "plans events", &[]), vec![0.0, 1.0]);
+        assert_eq!(b.search("lexi", &[], 1, &[])[0].card.node_id, "n1");
     }
 
     #[test]

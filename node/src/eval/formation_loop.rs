@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 use starling_models::embed::Embedder;
 
-use super::team_formation::{card_text, Dataset, EvalError};
+use super::team_formation::{card_index_text, Dataset, EvalError};
 use super::AgentRecord;
 use crate::agent::card::{AgentCard, CardHit, KnownCard};
 use crate::agent::formation::{form_team, AgentSearch, FormationConfig, ToolCall};
@@ -56,7 +56,7 @@ impl<'a, E: Embedder> RegistrySearch<'a, E> {
         }
         let mut index = HybridIndex::new(embedder.dim());
         for (i, (agent, v)) in registry.iter().zip(card_vectors).enumerate() {
-            index.insert(i as u64, &card_text(agent), v.clone())?;
+            index.insert(i as u64, &card_index_text(agent), v.clone())?;
         }
         Ok(Self {
             registry,

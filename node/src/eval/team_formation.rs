@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::{AgentRecord, TaskRecord};
-use crate::search::{Bm25Index, Hit, HybridIndex, HybridOptions, SearchError};
+use crate::search::{Bm25Index, Hit, HybridIndex, HybridOptions, MultiQueryOptions, SearchError};
 
 /// Why a benchmark file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -173,8 +173,16 @@ impl Dataset {
     }
 }
 
-/// The text of a card that gets indexed: name, type and description.
+/// The text of a card that gets embedded: its description, i.e. what the agent does. The
+/// name is an identifier and the type a kind of agent, not a capability; in the embedding
+/// they only pull together cards that happen to share a type or similar-sounding names.
 pub fn card_text(agent: &AgentRecord) -> String {
+    agent.agent_description.clone()
+}
+
+/// The text of a card that gets indexed for BM25: name, type and description (a search for
+/// an agent's name finds it).
+pub fn card_index_text(agent: &AgentRecord) -> String {
     format!(
         "{} ({}): {}",
         agent.agent_name, agent.agent_type, agent.agent_description
@@ -273,16 +281,18 @@ where
     }
 }
 
-/// Splits a task description into its sentences (at `.`, `!`, `?` or `;` followed by
+/// Splits a task description into its sentences (at `.`, `!` or `?` followed by
 /// whitespace), each a separate search query: a team needs one agent per requirement, and
-/// one embedding of a four-requirement text matches none of them well.
+/// one embedding of a four-requirement text matches none of them well. A semicolon does not
+/// split: it joins clauses of one thought ("translate the contracts; they are in German"),
+/// and a clause on its own loses what the other one says.
 pub fn split_requirements(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut chars = text.char_indices().peekable();
     while let Some((i, c)) = chars.next() {
-        let boundary = matches!(c, '.' | '!' | '?' | ';')
-            && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
+        let boundary =
+            matches!(c, '.' | '!' | '?') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
         if boundary {
             let end = i + c.len_utf8();
             let s = text[start..end].trim();
@@ -299,23 +309,29 @@ pub fn split_requirements(text: &str) -> Vec<String> {
     out
 }
 
-/// How [`evaluate_retrieval`] searches.
+/// How [`evaluate_retrieval`] searches (defaults: [`MultiQueryOptions::default`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetrievalConfig {
-    /// Weight of the cosine in the hybrid score.
+    /// Weight of the max-normalised cosine in each query's hybrid score.
     pub semantic_weight: f32,
-    /// Weight of BM25 in the hybrid score.
+    /// Weight of the max-normalised BM25 score in each query's hybrid score.
     pub lexical_weight: f32,
+    /// Inverse temperature of each query's softmax over its hybrid scores.
+    pub sharpness: f32,
+    /// Exponent of a query's best cosine in its weight when queries are merged.
+    pub confidence_power: f32,
     /// Candidates retrieved per task; `None` ranks the whole registry.
     pub depth: Option<usize>,
 }
 
 impl Default for RetrievalConfig {
     fn default() -> Self {
-        let o = HybridOptions::default();
+        let o = MultiQueryOptions::default();
         Self {
-            semantic_weight: o.semantic_weight,
-            lexical_weight: o.lexical_weight,
+            semantic_weight: o.fusion.semantic_weight,
+            lexical_weight: o.fusion.lexical_weight,
+            sharpness: o.sharpness,
+            confidence_power: o.confidence_power,
             depth: None,
         }
     }
@@ -338,11 +354,12 @@ pub struct RetrievalReport {
     pub query_p50_ms: f64,
 }
 
-/// Indexes every card with its embedding (`card_vectors[i]` for `dataset.registry[i]`) and
-/// scores the hybrid search, BM25 alone and the cosine alone. The queries of task `i` are
-/// its [`split_requirements`], with embeddings `query_vectors[i]` (one per requirement);
-/// each method merges them by the best score per agent ([`HybridIndex::search_many`]; for
-/// BM25 the best raw score).
+/// Indexes every card ([`card_index_text`] for BM25, its embedding `card_vectors[i]` of
+/// [`card_text`] for `dataset.registry[i]`) and scores the hybrid search, BM25 alone and the
+/// cosine alone. The queries of task `i` are its [`split_requirements`], with embeddings
+/// `query_vectors[i]` (one per requirement); the hybrid and the cosine merge them with
+/// [`HybridIndex::search_many`] (per-query softmax, weighted by how well each query matches
+/// anything), BM25 alone by the best raw score per agent.
 pub fn evaluate_retrieval(
     dataset: &Dataset,
     card_vectors: &[Vec<f32>],
@@ -374,7 +391,7 @@ pub fn evaluate_retrieval(
     let mut hybrid = HybridIndex::new(dim);
     let mut bm25 = Bm25Index::new();
     for (i, (agent, v)) in dataset.registry.iter().zip(card_vectors).enumerate() {
-        let text = card_text(agent);
+        let text = card_index_text(agent);
         hybrid.insert(i as u64, &text, v.clone())?;
         bm25.insert(i as u64, &text);
     }
@@ -389,10 +406,14 @@ pub fn evaluate_retrieval(
     };
     let keys = |hits: Vec<Hit>| hits.into_iter().map(|h| h.key as usize).collect::<Vec<_>>();
 
-    let opts = HybridOptions {
-        semantic_weight: config.semantic_weight,
-        lexical_weight: config.lexical_weight,
-        prior: None,
+    let opts = MultiQueryOptions {
+        fusion: HybridOptions {
+            semantic_weight: config.semantic_weight,
+            lexical_weight: config.lexical_weight,
+            prior: None,
+        },
+        sharpness: config.sharpness,
+        confidence_power: config.confidence_power,
     };
     let mut times = Vec::with_capacity(dataset.tasks.len());
     let hybrid_metrics = evaluate_rankings(dataset, |i, _| {
@@ -402,10 +423,13 @@ pub fn evaluate_retrieval(
         times.push(start.elapsed().as_secs_f64() * 1e3 / q.len().max(1) as f64);
         keys(hits)
     });
-    let semantic_only = HybridOptions {
-        semantic_weight: 1.0,
-        lexical_weight: 0.0,
-        prior: None,
+    let semantic_only = MultiQueryOptions {
+        fusion: HybridOptions {
+            semantic_weight: 1.0,
+            lexical_weight: 0.0,
+            prior: None,
+        },
+        ..opts
     };
     let semantic = evaluate_rankings(dataset, |i, _| {
         keys(hybrid.search_many(&task_queries(i), k, &semantic_only))
@@ -477,8 +501,7 @@ mod tests {
             split_requirements("We need help. First, fix v1.2 now; then ship it!  Done?"),
             vec![
                 "We need help.",
-                "First, fix v1.2 now;",
-                "then ship it!",
+                "First, fix v1.2 now; then ship it!",
                 "Done?"
             ]
         );
