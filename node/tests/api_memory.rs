@@ -115,7 +115,8 @@ async fn chat_completions_show_similar_memories_as_worked_examples() {
     assert_eq!(unrelated, unrelated_plain);
 
     // Examples that do not fit the context window are left out, not an error.
-    state.set_chat_model(Some(ModelSlot::new(load(200))), vec!["tiny".into()]);
+    let room = u32::try_from(plain).expect("small") + 8;
+    state.set_chat_model(Some(ModelSlot::new(load(room))), vec!["tiny".into()]);
     state.set_memory_examples(Some(MemoryExamples {
         book,
         k: 3,

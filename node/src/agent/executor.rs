@@ -29,9 +29,7 @@
 
 use std::fmt::Write as _;
 
-use crate::memory::{
-    admit, format_examples, AdmissionConfig, Admitted, Memory, MemoryBook, Pair, DEFAULT_DOMAIN,
-};
+use crate::memory::{admit, AdmissionConfig, Admitted, Memory, MemoryBook, Pair, DEFAULT_DOMAIN};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -234,13 +232,12 @@ impl Executor {
 
         let facts = self.facts(&steps);
         let examples = self.examples(task).await;
-        let shown = format_examples(&examples);
-        let mut answer = self.compose(task, &facts, &shown, None).await?;
+        let mut answer = self.compose(task, &facts, &examples, None).await?;
         let mut verdict = self.verify(task, &facts, &answer).await?;
         if !verdict.supported {
             debug!(task_id = %task.task_id, missing = %verdict.missing, "answer not supported; revising");
             let revised = self
-                .compose(task, &facts, &shown, Some((&answer, &verdict.missing)))
+                .compose(task, &facts, &examples, Some((&answer, &verdict.missing)))
                 .await?;
             if !revised.is_empty() {
                 answer = revised;
@@ -277,27 +274,13 @@ impl Executor {
         let Some(book) = &self.memory else {
             return Vec::new();
         };
-        if self.config.memory_examples == 0 || book.is_empty() {
-            return Vec::new();
-        }
-        match book
-            .top_k(
-                DEFAULT_DOMAIN,
-                &task.description,
-                self.config.memory_examples,
-            )
-            .await
-        {
-            Ok(hits) => hits
-                .into_iter()
-                .filter(|h| h.cosine >= self.config.memory_min_cosine)
-                .map(|h| h.memory)
-                .collect(),
-            Err(e) => {
-                warn!(error = %e, "memory retrieval failed; answering without examples");
-                Vec::new()
-            }
-        }
+        book.examples_for(
+            DEFAULT_DOMAIN,
+            &task.description,
+            self.config.memory_examples,
+            self.config.memory_min_cosine,
+        )
+        .await
     }
 
     /// After a task: feedback for the examples shown (helpful when the answer was
@@ -600,33 +583,10 @@ impl Executor {
         &self,
         task: &TaskSpec,
         facts: &str,
-        examples: &str,
+        examples: &[Memory],
         revise: Option<(&str, &str)>,
     ) -> Result<String, ExecutorError> {
-        let system = if facts.is_empty() {
-            "Answer the task briefly and concretely."
-        } else {
-            "Answer the task using the facts. Copy names and numbers from the facts exactly. Be brief."
-        };
-        let mut user = String::new();
-        if !examples.is_empty() {
-            let _ = writeln!(user, "{examples}");
-        }
-        if !facts.is_empty() {
-            let _ = write!(user, "Facts:\n{facts}\n\n");
-        }
-        let _ = write!(user, "{}", task_text(task));
-        if let Some((previous, missing)) = revise {
-            let _ = write!(user, "\n\nYour earlier answer: {previous}");
-            if !missing.trim().is_empty() {
-                let _ = write!(user, "\nIt missed: {missing}");
-            }
-            let _ = write!(user, "\nWrite a better answer.");
-        }
-        // No fixed worked example here: with the default 135M model, an example's facts
-        // leak into answers to unrelated tasks. Shared memories are shown only when their
-        // prompt is close to this task (`memory_min_cosine`).
-        let messages = vec![ChatMessage::system(system), ChatMessage::user(user)];
+        let messages = answer_messages(task, facts, examples, revise);
         self.llm
             .answer(messages, self.config.answer_tokens)
             .await
@@ -680,6 +640,50 @@ impl Executor {
             Err(e) => Err(ExecutorError::Llm(e)),
         }
     }
+}
+
+/// The messages of the executor's answer call: the instruction, then each worked example
+/// from shared memories as an earlier exchange (its request as a user turn, its answer as
+/// the assistant's), then `facts` (observations, may be empty) and the task; with `revise`
+/// = (earlier answer, what it missed), a revision request.
+///
+/// Examples as turns, not as a text block: measured with the default 135M model on
+/// rule-checkable format tasks (`starling eval format`, benches/memory/README.md), a block
+/// of "Example 1: Request: ..." text was mostly copied into the answer, while the same
+/// examples as turns were followed.
+pub fn answer_messages(
+    task: &TaskSpec,
+    facts: &str,
+    examples: &[Memory],
+    revise: Option<(&str, &str)>,
+) -> Vec<ChatMessage> {
+    let system = if facts.is_empty() {
+        "Answer the task briefly and concretely."
+    } else {
+        "Answer the task using the facts. Copy names and numbers from the facts exactly. Be brief."
+    };
+    let mut messages = vec![ChatMessage::system(system)];
+    for m in examples {
+        messages.push(ChatMessage::user(format!("Task: {}", m.prompt.trim())));
+        messages.push(ChatMessage::assistant(m.answer.trim()));
+    }
+    let mut user = String::new();
+    if !facts.is_empty() {
+        let _ = write!(user, "Facts:\n{facts}\n\n");
+    }
+    let _ = write!(user, "{}", task_text(task));
+    if let Some((previous, missing)) = revise {
+        let _ = write!(user, "\n\nYour earlier answer: {previous}");
+        if !missing.trim().is_empty() {
+            let _ = write!(user, "\nIt missed: {missing}");
+        }
+        let _ = write!(user, "\nWrite a better answer.");
+    }
+    // No fixed worked example here: with the default 135M model, an example's facts leak
+    // into answers to unrelated tasks. Shared memories are shown only when their prompt is
+    // close to the task (`memory_min_cosine`).
+    messages.push(ChatMessage::user(user));
+    messages
 }
 
 fn task_text(task: &TaskSpec) -> String {

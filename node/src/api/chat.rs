@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::state::{AppState, MemoryExamples, Metrics};
-use crate::memory::{format_examples, DEFAULT_DOMAIN};
+use crate::memory::DEFAULT_DOMAIN;
 
 /// Most stop sequences in one request.
 const MAX_STOP: usize = 16;
@@ -477,8 +477,10 @@ async fn generate(
 /// Response header listing the ids of the shared memories shown as worked examples.
 pub const MEMORIES_HEADER: &str = "x-starling-memories";
 
-/// Adds worked examples from shared memories for the last user message to the system
-/// message (a system message is put first when there is none). Returns the ids shown.
+/// Adds worked examples from shared memories for the last user message as earlier
+/// exchanges (the memory's prompt as a user turn, its answer as the assistant's) after the
+/// leading system messages: a small model follows examples given as turns and copies
+/// examples given as a block of text (`starling eval format`). Returns the ids shown.
 async fn with_examples(messages: &mut Vec<ChatMessage>, ex: &MemoryExamples) -> Vec<String> {
     let Some(query) = messages
         .iter()
@@ -492,16 +494,17 @@ async fn with_examples(messages: &mut Vec<ChatMessage>, ex: &MemoryExamples) -> 
         .book
         .examples_for(DEFAULT_DOMAIN, &query, ex.k, ex.min_cosine)
         .await;
-    if memories.is_empty() {
-        return Vec::new();
-    }
-    let text = format_examples(&memories);
-    match messages.first_mut() {
-        Some(m) if m.role == "system" => {
-            m.content = format!("{}\n\n{text}", m.content.trim_end());
-        }
-        _ => messages.insert(0, ChatMessage::system(text)),
-    }
+    let at = messages
+        .iter()
+        .position(|m| m.role != "system")
+        .unwrap_or(messages.len());
+    let turns = memories.iter().flat_map(|m| {
+        [
+            ChatMessage::user(m.prompt.trim()),
+            ChatMessage::assistant(m.answer.trim()),
+        ]
+    });
+    messages.splice(at..at, turns);
     memories.into_iter().map(|m| m.id).collect()
 }
 

@@ -28,7 +28,9 @@ pub enum EvalCommand {
     /// Score the node's agent search on a team-formation benchmark.
     ///
     /// Every agent of the file is indexed (real embeddings + BM25); each sentence of a task
-    /// description is a query, merged per agent by best score. Metrics, per method (hybrid, BM25 alone, cosine alone):
+    /// description is a query; per query the fused scores become a softmax over the agents,
+    /// and an agent keeps its best log-probability plus a confidence term (the query's best
+    /// cosine). Metrics, per method (hybrid, BM25 alone, cosine alone):
     ///   Recall@g   share of the gold team in the first g results (g = team size), per task
     ///   Recall@10  share of the gold team in the first 10 results, per task
     ///   Top@1/@10  share of gold agents at filtered rank 1 / <= 10
@@ -63,6 +65,26 @@ pub enum EvalCommand {
     ///   starling eval memory --memories m.jsonl --queries q.jsonl --feedback --json
     #[command(verbatim_doc_comment)]
     Memory(super::eval_memory::EvalMemoryArgs),
+    /// Score memory admission (text and embedding checks, LLM rubric score, threshold) on
+    /// good prompt–answer pairs and corrupted variants of them (shuffled answer, truncated
+    /// answer, filed under another domain, empty answer): acceptance per variant, precision
+    /// and recall, the LLM's score distributions and a threshold sweep.
+    ///
+    /// Examples:
+    ///   starling eval admission --pairs benches/memory/admission_pairs.jsonl
+    ///   starling eval admission --pairs pairs.jsonl --limit 20 --json
+    #[command(verbatim_doc_comment)]
+    Admission(super::eval_admission::EvalAdmissionArgs),
+    /// Measure whether retrieved memories (worked examples, as the executor shows them) make
+    /// the model follow a required output format: each rule-checked task is answered with
+    /// and without the top-k memories, and both follow rates are printed.
+    ///
+    /// Examples:
+    ///   starling eval format --tasks benches/memory/format_tasks.jsonl \
+    ///       --memories benches/memory/format_memories.jsonl
+    ///   starling eval format --tasks t.jsonl --memories m.jsonl --k 3 --json
+    #[command(verbatim_doc_comment)]
+    Format(super::eval_format::EvalFormatArgs),
 }
 
 /// Arguments of `starling eval team-formation`.
@@ -129,6 +151,8 @@ pub fn run(home: &Path, command: EvalCommand) -> anyhow::Result<()> {
         EvalCommand::TeamFormation(args) => run_team_formation(home, args),
         EvalCommand::SynthTeam(args) => run_synth_team(args),
         EvalCommand::Memory(args) => super::eval_memory::run(home, args),
+        EvalCommand::Admission(args) => super::eval_admission::run(home, args),
+        EvalCommand::Format(args) => super::eval_format::run(home, args),
     }
 }
 

@@ -5,6 +5,8 @@ pub mod client;
 pub mod demo;
 pub mod embed;
 pub mod eval;
+pub mod eval_admission;
+pub mod eval_format;
 pub mod eval_memory;
 pub mod generate;
 pub mod memory;

@@ -276,34 +276,43 @@ fn clip(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// Full admission of a finished pair: checks, the LLM score (skipped when `llm` is `None`:
-/// a manual add, which takes `manual_score`), the threshold, duplicate detection, then
-/// publishing.
-pub async fn admit(
+/// A pair that passed every admission check (not yet published).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accepted {
+    /// The LLM's rubric score (or the manual score).
+    pub score: f32,
+    /// The prompt's embedding (empty without an embedder), reused when publishing.
+    pub embedding: Vec<f32>,
+}
+
+/// The admission decision on a pair without publishing it: the text checks, the embedding
+/// checks, then the LLM score against the domain's rubric and the threshold (skipped when
+/// `llm` is `None`: a manual add, which takes `manual_score`). Duplicates are not checked
+/// here: the book does that when publishing ([`admit`]).
+pub async fn assess(
     book: &MemoryBook,
     llm: Option<&Llm>,
     config: &AdmissionConfig,
     pair: &Pair,
     manual_score: Option<f32>,
-) -> Result<Admitted, AdmissionError> {
+) -> Result<Result<Accepted, Rejection>, AdmissionError> {
     let (domain, prompt, answer) = (
         pair.domain.as_str(),
         pair.prompt.as_str(),
         pair.answer.as_str(),
     );
-    let source = pair.source.clone();
     if let Err(r) = precheck_text(domain, prompt, answer) {
-        return Ok(Admitted::Rejected(r));
+        return Ok(Err(r));
     }
-    let emb = match precheck_embedding(book, config, domain, prompt, answer).await? {
+    let embedding = match precheck_embedding(book, config, domain, prompt, answer).await? {
         Ok(e) => e,
-        Err(r) => return Ok(Admitted::Rejected(r)),
+        Err(r) => return Ok(Err(r)),
     };
     let score = match llm {
         Some(llm) => {
             let score = score_pair(llm, domain, prompt, answer).await?;
             if score < config.threshold {
-                return Ok(Admitted::Rejected(Rejection::LowScore {
+                return Ok(Err(Rejection::LowScore {
                     score,
                     threshold: config.threshold,
                 }));
@@ -312,8 +321,29 @@ pub async fn admit(
         }
         None => manual_score.unwrap_or(config.manual_score).clamp(0.0, 10.0),
     };
-    let body = MemoryBook::body(domain, prompt, answer, source, score);
-    let emb = (!emb.is_empty()).then_some(emb);
+    Ok(Ok(Accepted { score, embedding }))
+}
+
+/// Full admission of a finished pair: [`assess`], then duplicate detection and publishing.
+pub async fn admit(
+    book: &MemoryBook,
+    llm: Option<&Llm>,
+    config: &AdmissionConfig,
+    pair: &Pair,
+    manual_score: Option<f32>,
+) -> Result<Admitted, AdmissionError> {
+    let accepted = match assess(book, llm, config, pair, manual_score).await? {
+        Ok(a) => a,
+        Err(r) => return Ok(Admitted::Rejected(r)),
+    };
+    let body = MemoryBook::body(
+        &pair.domain,
+        &pair.prompt,
+        &pair.answer,
+        pair.source.clone(),
+        accepted.score,
+    );
+    let emb = (!accepted.embedding.is_empty()).then_some(accepted.embedding);
     Ok(match book.publish(body, emb).await? {
         Inserted::Added(m) => Admitted::Kept(m),
         Inserted::Duplicate { of } | Inserted::Known(of) => {
