@@ -276,6 +276,7 @@ impl Node {
                     memory_examples: config.memory.examples,
                     memory_min_cosine: config.memory.min_similarity,
                     admit_memories: config.memory.admit,
+                    admission_threshold: config.memory.threshold,
                     ..ExecutorConfig::default()
                 },
             )

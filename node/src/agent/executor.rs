@@ -131,6 +131,8 @@ pub struct ExecutorConfig {
     pub memory_min_cosine: f32,
     /// Offer verified answers for admission into the shared memories (default true).
     pub admit_memories: bool,
+    /// Lowest admission score (0..10) for a verified answer to be kept (default 6).
+    pub admission_threshold: f32,
 }
 
 impl Default for ExecutorConfig {
@@ -149,6 +151,7 @@ impl Default for ExecutorConfig {
             memory_examples: 3,
             memory_min_cosine: 0.6,
             admit_memories: true,
+            admission_threshold: AdmissionConfig::default().threshold,
         }
     }
 }
@@ -298,6 +301,10 @@ impl Executor {
             source: Some(task.task_id.clone()),
         });
         let llm = self.llm.clone();
+        let admission = AdmissionConfig {
+            threshold: self.config.admission_threshold,
+            ..AdmissionConfig::default()
+        };
         tokio::spawn(async move {
             for id in ids {
                 if let Err(e) = book.feedback(&id, verified).await {
@@ -305,7 +312,7 @@ impl Executor {
                 }
             }
             if let Some(pair) = pair {
-                match admit(&book, Some(&llm), &AdmissionConfig::default(), &pair, None).await {
+                match admit(&book, Some(&llm), &admission, &pair, None).await {
                     Ok(Admitted::Kept(m)) => {
                         info!(memory = %m.id, "answer kept as a shared memory")
                     }
