@@ -25,9 +25,8 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
-use starling_models::source::{registry, ModelCache, Progress};
 
 use crate::agent::llm::Llm;
 use crate::cli::ModelArgs;
@@ -525,16 +524,7 @@ pub fn run(home: &Path, args: EvalAdmissionArgs) -> anyhow::Result<()> {
         config.threshold = t;
     }
     let candidates = build_candidates(&pairs);
-    let cache = ModelCache::new(home);
-    let source = registry::parse_spec(&args.embed_model)?;
-    let dir = cache
-        .resolve(&source, &Progress::new())
-        .with_context(|| format!("cannot get embedding model `{}`", args.embed_model))?;
-    let embedder = EmbedHandle::spawn(
-        BertEmbedder::load(&dir)
-            .with_context(|| format!("cannot load {}", dir.display()))?
-            .with_model_id(args.embed_model.clone()),
-    )?;
+    let embedder = super::serve::load_embedder(home, &args.embed_model)?;
     let engine = super::load_engine(home, &args.model)?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();

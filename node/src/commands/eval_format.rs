@@ -16,14 +16,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use starling_models::chat::ChatMessage;
-use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
-use starling_models::source::{registry, ModelCache, Progress};
 
 use crate::agent::executor::{answer_messages, ExecutorConfig, TaskSpec};
 use crate::agent::llm::Llm;
@@ -489,16 +487,7 @@ pub fn run(home: &Path, args: EvalFormatArgs) -> anyhow::Result<()> {
     let min_cosine = args.min_cosine.unwrap_or(defaults.memory_min_cosine);
     let max_tokens = args.max_tokens.unwrap_or(defaults.answer_tokens);
 
-    let cache = ModelCache::new(home);
-    let source = registry::parse_spec(&args.embed_model)?;
-    let dir = cache
-        .resolve(&source, &Progress::new())
-        .with_context(|| format!("cannot get embedding model `{}`", args.embed_model))?;
-    let embedder = EmbedHandle::spawn(
-        BertEmbedder::load(&dir)
-            .with_context(|| format!("cannot load {}", dir.display()))?
-            .with_model_id(args.embed_model.clone()),
-    )?;
+    let embedder = super::serve::load_embedder(home, &args.embed_model)?;
     let engine = super::load_engine(home, &args.model)?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();

@@ -2,10 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use clap::Args;
-use starling_models::embed::{BertEmbedder, EmbedHandle};
-use starling_models::source::{registry, ModelCache, Progress};
 
 use crate::memory::eval::{evaluate, load_jsonl, render, EvalMemory, EvalQuery};
 
@@ -34,15 +31,7 @@ pub struct EvalMemoryArgs {
 pub fn run(home: &Path, args: EvalMemoryArgs) -> anyhow::Result<()> {
     let memories: Vec<EvalMemory> = load_jsonl(&args.memories)?;
     let queries: Vec<EvalQuery> = load_jsonl(&args.queries)?;
-    let cache = ModelCache::new(home);
-    let source = registry::parse_spec(&args.embed_model)?;
-    let dir = cache
-        .resolve(&source, &Progress::new())
-        .with_context(|| format!("cannot get embedding model `{}`", args.embed_model))?;
-    let embedder = BertEmbedder::load(&dir)
-        .with_context(|| format!("cannot load {}", dir.display()))?
-        .with_model_id(args.embed_model.clone());
-    let handle = EmbedHandle::spawn(embedder)?;
+    let handle = super::serve::load_embedder(home, &args.embed_model)?;
     let report = super::block_on(evaluate(&memories, &queries, Some(handle), args.feedback))??;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
