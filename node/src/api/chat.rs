@@ -24,7 +24,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, Documented};
 use super::state::{AppState, MemoryExamples, Metrics};
 use crate::memory::DEFAULT_DOMAIN;
 
@@ -60,6 +60,10 @@ pub(crate) struct ChatCompletionRequest {
     response_format: Option<Value>,
     logprobs: Option<bool>,
     tools: Option<Vec<Value>>,
+}
+
+impl Documented for ChatCompletionRequest {
+    const SCHEMA: &'static str = "ChatCompletionRequest";
 }
 
 #[derive(Debug, Deserialize)]
@@ -119,21 +123,22 @@ impl ChatCompletionRequest {
             ));
         }
         let messages = convert_messages(self.messages)?;
-        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
-            (Some(n), _) => Some(("max_completion_tokens", n)),
-            (None, Some(n)) => Some(("max_tokens", n)),
-            (None, None) => None,
-        };
-        let max_tokens = match max_tokens {
-            Some((param, 0)) => {
+        for (param, n) in [
+            ("max_tokens", self.max_tokens),
+            ("max_completion_tokens", self.max_completion_tokens),
+        ] {
+            if n == Some(0) {
                 return Err(ApiError::invalid_param(
                     param,
                     format!("{param} must be at least 1"),
-                ))
+                ));
             }
-            Some((_, n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
-            None => None,
-        };
+        }
+        // max_completion_tokens wins when both are given.
+        let max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
 
         let mut sampling = SamplingOptions::default();
         if let Some(t) = self.temperature {
@@ -344,6 +349,30 @@ pub(crate) fn parse_response_format(v: &Value) -> Result<OutputFormat, ApiError>
                 .ok_or_else(|| {
                     bad("response_format.json_schema must be an object holding `schema`")
                 })?;
+            for (field, ok) in [
+                ("name", spec.get("name").is_none_or(Value::is_string)),
+                (
+                    "description",
+                    spec.get("description").is_none_or(Value::is_string),
+                ),
+                (
+                    "strict",
+                    spec.get("strict")
+                        .is_none_or(|v| v.is_boolean() || v.is_null()),
+                ),
+            ] {
+                if !ok {
+                    let kind = if field == "strict" {
+                        "a boolean"
+                    } else {
+                        "a string"
+                    };
+                    return Err(ApiError::invalid_param(
+                        format!("response_format.json_schema.{field}"),
+                        format!("response_format.json_schema.{field} must be {kind}"),
+                    ));
+                }
+            }
             match spec.get("schema") {
                 // OpenAI allows leaving the schema out: any JSON value then.
                 None | Some(Value::Null) => Ok(OutputFormat::JsonSchema(json!({}))),
@@ -853,6 +882,17 @@ mod tests {
             OutputFormat::JsonSchema(schema)
         );
         assert!(parse_response_format(&json!({"type": "json_schema"})).is_err());
+        for bad in [
+            json!({"type": "json_schema", "json_schema": {"name": -1.5, "schema": {}}}),
+            json!({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}),
+            json!({"type": "json_schema", "json_schema": {"name": "x", "description": []}}),
+        ] {
+            assert!(parse_response_format(&bad).is_err(), "{bad}");
+        }
+        assert!(parse_response_format(
+            &json!({"type": "json_schema", "json_schema": {"name": "x", "strict": null, "description": "d"}})
+        )
+        .is_ok());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, Documented};
 use super::state::{AppState, Metrics};
 
 /// The request body.
@@ -17,6 +17,10 @@ pub(crate) struct EmbeddingsRequest {
     input: Value,
     encoding_format: Option<String>,
     dimensions: Option<u64>,
+}
+
+impl Documented for EmbeddingsRequest {
+    const SCHEMA: &'static str = "EmbeddingsRequest";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,15 @@
 //! Body, query and path extractors whose rejections are OpenAI-shaped errors naming the
 //! bad field, so no malformed request gets axum's plain-text answers.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use super::error::ApiError;
 
@@ -14,16 +18,26 @@ use super::error::ApiError;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BodyLimit(pub usize);
 
+/// A request body type and the schema in the OpenAPI document
+/// (`node/assets/openapi.json`, `#/components/schemas/NAME`) that describes it.
+pub(crate) trait Documented {
+    /// The component's name.
+    const SCHEMA: &'static str;
+}
+
 /// The body, parsed as JSON into `T`.
 ///
 /// A body that is not declared as JSON gets 415 (so a web page cannot post to the API
-/// without a CORS preflight), one over the size limit 413, and one that does not parse or
-/// does not fit `T` a 400 whose `param` is the path of the offending field.
+/// without a CORS preflight), one over the size limit 413, and one that does not parse,
+/// does not fit `T` or breaks the documented schema of `T` a 400 whose `param` is the
+/// path of the offending field. Checking the document's schema as well as `T` means the
+/// API accepts exactly what it documents: serde alone would take, say, a struct written as
+/// a JSON array, or a field the handler ignores in the wrong type.
 pub(crate) struct ApiJson<T>(pub T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
 where
-    T: DeserializeOwned,
+    T: DeserializeOwned + Documented,
     S: Send + Sync,
 {
     type Rejection = ApiError;
@@ -40,8 +54,92 @@ where
                 ApiError::invalid(format!("cannot read the request body: {}", r.body_text()))
             }
         })?;
-        parse(&bytes).map(ApiJson)
+        let value: T = parse(&bytes)?;
+        // `parse` has read the bytes as JSON already, so this cannot fail on syntax.
+        let json: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
+        check_documented(T::SCHEMA, &json)?;
+        Ok(ApiJson(value))
     }
+}
+
+/// Checks `body` against `#/components/schemas/{component}` of the OpenAPI document; the
+/// first violation is a 400 naming the field.
+pub(crate) fn check_documented(component: &str, body: &Value) -> Result<(), ApiError> {
+    type Validators = HashMap<String, Result<jsonschema::Validator, String>>;
+    static VALIDATORS: OnceLock<Result<Validators, String>> = OnceLock::new();
+    let validators = VALIDATORS
+        .get_or_init(|| {
+            let doc: Value = serde_json::from_str(super::openapi::DOCUMENT)
+                .map_err(|e| format!("the embedded OpenAPI document is broken: {e}"))?;
+            let names = doc["components"]["schemas"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default();
+            Ok(names
+                .into_iter()
+                .map(|name| {
+                    let v = validator(&doc, &name);
+                    (name, v)
+                })
+                .collect())
+        })
+        .as_ref()
+        .map_err(|e| ApiError::internal(e.clone()))?;
+    let validator = match validators.get(component) {
+        Some(Ok(v)) => v,
+        Some(Err(e)) => return Err(ApiError::internal(e.clone())),
+        None => {
+            return Err(ApiError::internal(format!(
+                "the OpenAPI document has no schema `{component}`"
+            )))
+        }
+    };
+    match validator.validate(body) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let param = param_of(e.instance_path().as_str());
+            let message = if param.is_empty() {
+                format!("invalid request body: {e}")
+            } else {
+                format!("invalid request field `{param}`: {e}")
+            };
+            Err(if param.is_empty() {
+                ApiError::invalid(message)
+            } else {
+                ApiError::invalid_param(param, message)
+            })
+        }
+    }
+}
+
+/// A validator for one component schema. The schema is the whole document with a `$ref`
+/// to the component at its root, so references between components resolve inside it;
+/// the document's other members are not schema keywords and are ignored.
+fn validator(doc: &Value, component: &str) -> Result<jsonschema::Validator, String> {
+    let mut schema = doc.clone();
+    schema["$ref"] = Value::String(format!("#/components/schemas/{component}"));
+    jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .build(&schema)
+        .map_err(|e| format!("schema `{component}` of the OpenAPI document does not compile: {e}"))
+}
+
+/// A JSON pointer (`/messages/0/role`) as the API names fields (`messages[0].role`).
+fn param_of(pointer: &str) -> String {
+    let mut out = String::new();
+    for segment in pointer.split('/').skip(1) {
+        let segment = segment.replace("~1", "/").replace("~0", "~");
+        if !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&format!("[{segment}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&segment);
+        }
+    }
+    out
 }
 
 /// The query string, parsed into `T`; one that does not fit gets a 400.
@@ -196,5 +294,73 @@ mod tests {
         let e = parse::<Body>(br#"{"messages": []} trailing"#).expect_err("trailing");
         assert!(e.message().contains("not valid JSON"), "{}", e.message());
         assert!(parse::<Body>(br#"{"messages": []}"#).is_ok());
+    }
+
+    #[test]
+    fn pointers_become_field_names() {
+        assert_eq!(param_of(""), "");
+        assert_eq!(param_of("/messages/0/role"), "messages[0].role");
+        assert_eq!(param_of("/a~1b/c~0d"), "a/b.c~d");
+    }
+
+    fn documented_param(component: &str, body: Value) -> Option<String> {
+        check_documented(component, &body)
+            .err()
+            .map(|e| e.body()["error"]["param"].as_str().unwrap_or("").to_owned())
+    }
+
+    #[test]
+    fn every_component_schema_compiles() {
+        let doc: Value = serde_json::from_str(super::super::openapi::DOCUMENT).expect("document");
+        for name in doc["components"]["schemas"]
+            .as_object()
+            .expect("schemas")
+            .keys()
+        {
+            validator(&doc, name).expect("compiles");
+        }
+    }
+
+    #[test]
+    fn bodies_are_held_to_the_document() {
+        use serde_json::json;
+        let chat = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().expect("object") {
+                body[k] = v.clone();
+            }
+            documented_param("ChatCompletionRequest", body)
+        };
+        assert_eq!(chat(json!({})), None);
+        assert_eq!(chat(json!({"max_tokens": 5, "temperature": 0.5})), None);
+        assert_eq!(
+            chat(json!({"max_tokens": 0, "max_completion_tokens": 5})).as_deref(),
+            Some("max_tokens")
+        );
+        assert_eq!(
+            chat(json!({"temperature": 3})).as_deref(),
+            Some("temperature")
+        );
+        assert_eq!(
+            chat(json!({"stream_options": [true]})).as_deref(),
+            Some("stream_options")
+        );
+        assert_eq!(
+            chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": 1}}}))
+                .as_deref(),
+            Some("response_format")
+        );
+        assert_eq!(
+            documented_param(
+                "ChatCompletionRequest",
+                json!({"messages": [["user", "hi"]]})
+            )
+            .as_deref(),
+            Some("messages[0]")
+        );
+        assert_eq!(
+            documented_param("TrustRequest", json!(["someone"])).as_deref(),
+            Some("")
+        );
     }
 }

@@ -44,7 +44,7 @@ use tower_http::trace::TraceLayer;
 
 pub use chat::MEMORIES_HEADER;
 pub use error::ApiError;
-pub(crate) use extract::{ApiJson, ApiPath, ApiQuery};
+pub(crate) use extract::{ApiJson, ApiPath, ApiQuery, Documented};
 pub use state::{ApiConfig, AppState, MemoryExamples, MetricsSnapshot};
 
 use state::Metrics;

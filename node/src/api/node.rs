@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use starling_discovery::{PeerInfo, PeerState};
 
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::extract::{ApiJson, ApiPath, ApiQuery, Documented};
 use super::state::AppState;
 use crate::agent::card::{CardHit, KnownCard};
 use crate::agent::chat::{Message, Task};
@@ -209,6 +209,10 @@ pub struct SubmitTask {
     pub wait: bool,
 }
 
+impl Documented for SubmitTask {
+    const SCHEMA: &'static str = "SubmitTask";
+}
+
 /// `POST /api/tasks` answer when not waiting.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Submitted {
@@ -373,6 +377,10 @@ async fn human_pending(State(s): State<NodeApi>) -> Json<Vec<crate::agent::runti
 pub struct HumanAnswer {
     /// The person's answer.
     pub answer: String,
+}
+
+impl Documented for HumanAnswer {
+    const SCHEMA: &'static str = "HumanAnswer";
 }
 
 async fn human_answer(
@@ -553,6 +561,10 @@ async fn active_model(State(s): State<NodeApi>) -> Result<Json<ActiveModel>, Api
 pub struct SwitchModel {
     /// Registry name, GGUF path or source, as `--model` takes.
     pub model: String,
+}
+
+impl Documented for SwitchModel {
+    const SCHEMA: &'static str = "SwitchModel";
 }
 
 /// Loads another chat model and makes it active for the API and the agent at once;

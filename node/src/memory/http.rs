@@ -19,8 +19,20 @@ use super::api_types::{
 };
 use super::book::{BookError, MemoryBook};
 use super::record::DEFAULT_DOMAIN;
-use crate::api::{ApiError, ApiJson, ApiPath, ApiQuery};
+use crate::api::{ApiError, ApiJson, ApiPath, ApiQuery, Documented};
 use crate::store::AuthorTrust;
+
+impl Documented for AddMemoryRequest {
+    const SCHEMA: &'static str = "AddMemoryRequest";
+}
+
+impl Documented for FeedbackRequest {
+    const SCHEMA: &'static str = "FeedbackRequest";
+}
+
+impl Documented for TrustRequest {
+    const SCHEMA: &'static str = "TrustRequest";
+}
 
 /// State of the memory routes.
 #[derive(Clone, Debug)]
