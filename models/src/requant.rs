@@ -22,8 +22,13 @@ use crate::gguf::GgufFile;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Requantize {
-    /// Convert them to Q8_0 (no quality loss against a 4-bit source; the default).
+    /// Leave the file as it is when Starling's own CPU kernels run every weight type in it
+    /// (llama-family files in Q8_0, Q4_0 or Q4_1: measured faster on the shipped Q4_1 file
+    /// than a Q8_0 copy, see `benches/RESULTS.md`); otherwise convert to Q8_0 as candle
+    /// needs. The default.
     #[default]
+    Auto,
+    /// Convert them to Q8_0 (no quality loss against a 4-bit source).
     Q8_0,
     /// Convert them to Q4_0 (smaller and faster, slightly lossy).
     Q4_0,
@@ -35,11 +40,12 @@ impl FromStr for Requantize {
     type Err = ModelError;
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
-            "q8_0" | "q8" | "auto" => Ok(Self::Q8_0),
+            "auto" => Ok(Self::Auto),
+            "q8_0" | "q8" => Ok(Self::Q8_0),
             "q4_0" | "q4" => Ok(Self::Q4_0),
             "off" | "none" | "no" => Ok(Self::Off),
             other => Err(ModelError::InvalidRequest(format!(
-                "unknown requantize setting `{other}` (expected q8_0, q4_0 or off)"
+                "unknown requantize setting `{other}` (expected auto, q8_0, q4_0 or off)"
             ))),
         }
     }
@@ -48,6 +54,7 @@ impl FromStr for Requantize {
 impl std::fmt::Display for Requantize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Self::Auto => "auto",
             Self::Q8_0 => "q8_0",
             Self::Q4_0 => "q4_0",
             Self::Off => "off",
@@ -58,7 +65,7 @@ impl std::fmt::Display for Requantize {
 impl Requantize {
     fn target(self) -> Option<GgmlDType> {
         match self {
-            Self::Q8_0 => Some(GgmlDType::Q8_0),
+            Self::Auto | Self::Q8_0 => Some(GgmlDType::Q8_0),
             Self::Q4_0 => Some(GgmlDType::Q4_0),
             Self::Off => None,
         }
@@ -86,6 +93,16 @@ pub fn prepare(path: &Path, policy: Requantize, fallback_dir: &Path) -> Result<P
     if !needs {
         return Ok(path.to_path_buf());
     }
+    if policy == Requantize::Auto && crate::arch::cpu::eligible(&file, &Device::Cpu).is_ok() {
+        tracing::debug!(path = %path.display(), "the CPU kernels run this file as it is");
+        return Ok(path.to_path_buf());
+    }
+    // The converted file is named after the type it holds, so `auto` and `q8_0` share it.
+    let policy = if policy == Requantize::Auto {
+        Requantize::Q8_0
+    } else {
+        policy
+    };
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

@@ -152,8 +152,8 @@ pub struct ModelArgs {
     )]
     pub model: String,
     /// Convert weights without a fast CPU kernel (Q4_1, Q5_x) once, to q8_0 or q4_0; `off`
-    /// uses the file as is.
-    #[arg(long, default_value = "q8_0")]
+    /// uses the file as is; `auto` converts only what Starling's CPU kernels cannot run.
+    #[arg(long, default_value = "auto")]
     pub requantize: String,
     /// Context length in tokens (capped by the model's own).
     #[arg(long, default_value_t = 4096)]

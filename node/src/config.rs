@@ -166,7 +166,7 @@ impl Default for ModelsSection {
         Self {
             chat: "smollm2-135m-instruct".into(),
             embedding: "all-minilm-l6-v2".into(),
-            requantize: "q8_0".into(),
+            requantize: "auto".into(),
             context: 4096,
             threads: None,
         }
