@@ -574,7 +574,7 @@ async fn switch_model(
     ApiJson(body): ApiJson<SwitchModel>,
 ) -> Result<Json<ActiveModel>, ApiError> {
     let spec = body.model.trim().to_owned();
-    if spec.is_empty() || spec.len() > 1000 {
+    if spec.is_empty() || spec.chars().count() > 1000 {
         return Err(ApiError::invalid_param(
             "model",
             "give a model name, path or source",

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use super::admission::{admit, AdmissionConfig, Admitted, Pair};
+use super::admission::{admit, AdmissionConfig, AdmissionError, Admitted, Pair};
 use super::api_types::{
     AddMemoryRequest, AddMemoryResponse, FeedbackRequest, ForgetQuery, ForgetResponse, MemoryList,
     MemoryQuery, MemoryView, TrustRequest,
@@ -111,7 +111,11 @@ async fn add(
     };
     let admitted = admit(&api.book, None, &api.admission, &pair, req.score)
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+        .map_err(|e| match e {
+            // A field the checks before admission do not look at (say, a long `source`).
+            AdmissionError::Book(e) => book_error(e),
+            e => ApiError::internal(e.to_string()),
+        })?;
     Ok(match admitted {
         Admitted::Kept(m) => (
             StatusCode::CREATED,
