@@ -240,6 +240,9 @@ impl From<ModelError> for ApiError {
             ModelError::ContextOverflow { .. } => {
                 Self::invalid_param("messages", e.to_string()).with_code("context_length_exceeded")
             }
+            // The only constraints requests carry come from `response_format`: a schema the
+            // grammar engine cannot follow to the end is the request's problem.
+            ModelError::Constraint(_) => Self::invalid_param("response_format", e.to_string()),
             ModelError::EngineStopped => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
