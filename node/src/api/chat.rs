@@ -349,6 +349,8 @@ pub(crate) fn parse_response_format(v: &Value) -> Result<OutputFormat, ApiError>
                 .ok_or_else(|| {
                     bad("response_format.json_schema must be an object holding `schema`")
                 })?;
+            // The document's schema refuses these too, but its error can only point at the
+            // `oneOf` around `response_format`; this one names the field.
             for (field, ok) in [
                 ("name", spec.get("name").is_none_or(Value::is_string)),
                 (

@@ -54,6 +54,8 @@ where
                 ApiError::invalid(format!("cannot read the request body: {}", r.body_text()))
             }
         })?;
+        // `T` is read from the bytes themselves, not from the `Value` below: a `Value` keeps
+        // the last of two equal keys, where serde refuses a duplicate field.
         let value: T = parse(&bytes)?;
         // `parse` has read the bytes as JSON already, so this cannot fail on syntax.
         let json: Value = serde_json::from_slice(&bytes)
@@ -64,37 +66,26 @@ where
 }
 
 /// Checks `body` against `#/components/schemas/{component}` of the OpenAPI document; the
-/// first violation is a 400 naming the field.
+/// first violation is a 400 naming the field. A component's validator is compiled the first
+/// time a body of its type arrives.
 pub(crate) fn check_documented(component: &str, body: &Value) -> Result<(), ApiError> {
-    type Validators = HashMap<String, Result<jsonschema::Validator, String>>;
-    static VALIDATORS: OnceLock<Result<Validators, String>> = OnceLock::new();
-    let validators = VALIDATORS
-        .get_or_init(|| {
-            let doc: Value = serde_json::from_str(super::openapi::DOCUMENT)
-                .map_err(|e| format!("the embedded OpenAPI document is broken: {e}"))?;
-            let names = doc["components"]["schemas"]
-                .as_object()
-                .map(|m| m.keys().cloned().collect::<Vec<_>>())
-                .unwrap_or_default();
-            Ok(names
-                .into_iter()
-                .map(|name| {
-                    let v = validator(&doc, &name);
-                    (name, v)
-                })
-                .collect())
-        })
+    type Validators = HashMap<String, OnceLock<Result<jsonschema::Validator, String>>>;
+    static VALIDATORS: OnceLock<Validators> = OnceLock::new();
+    let doc = super::openapi::parsed()?;
+    let validators = VALIDATORS.get_or_init(|| {
+        doc["components"]["schemas"]
+            .as_object()
+            .map(|m| m.keys().map(|k| (k.clone(), OnceLock::new())).collect())
+            .unwrap_or_default()
+    });
+    let validator = validators
+        .get(component)
+        .ok_or_else(|| {
+            ApiError::internal(format!("the OpenAPI document has no schema `{component}`"))
+        })?
+        .get_or_init(|| validator(doc, component))
         .as_ref()
         .map_err(|e| ApiError::internal(e.clone()))?;
-    let validator = match validators.get(component) {
-        Some(Ok(v)) => v,
-        Some(Err(e)) => return Err(ApiError::internal(e.clone())),
-        None => {
-            return Err(ApiError::internal(format!(
-                "the OpenAPI document has no schema `{component}`"
-            )))
-        }
-    };
     match validator.validate(body) {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -345,10 +336,24 @@ mod tests {
             chat(json!({"stream_options": [true]})).as_deref(),
             Some("stream_options")
         );
+        let format = |spec: Value| {
+            chat(json!({"response_format": {"type": "json_schema", "json_schema": spec}}))
+        };
+        for bad in [
+            json!({"name": 1}),
+            json!({"name": -1.5, "schema": {}}),
+            json!({"name": "x", "strict": "yes"}),
+            json!({"name": "x", "description": []}),
+        ] {
+            assert_eq!(
+                format(bad.clone()).as_deref(),
+                Some("response_format"),
+                "{bad}"
+            );
+        }
         assert_eq!(
-            chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": 1}}}))
-                .as_deref(),
-            Some("response_format")
+            format(json!({"name": "x", "strict": null, "description": "d"})),
+            None
         );
         assert_eq!(
             documented_param(

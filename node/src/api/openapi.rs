@@ -36,16 +36,22 @@ pub(crate) async fn full() -> Response {
     json(DOCUMENT.to_owned())
 }
 
+/// The document, parsed once; an error names what is wrong with the embedded file.
+pub(crate) fn parsed() -> Result<&'static Value, ApiError> {
+    static DOC: OnceLock<Result<Value, String>> = OnceLock::new();
+    DOC.get_or_init(|| serde_json::from_str(DOCUMENT).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| ApiError::internal(format!("the embedded OpenAPI document is broken: {e}")))
+}
+
 /// The document cut down to the OpenAI-compatible routes (`starling serve`).
 pub(crate) async fn openai_part() -> Result<Response, ApiError> {
-    static PART: OnceLock<Result<String, String>> = OnceLock::new();
-    PART.get_or_init(|| {
-        let doc: Value = serde_json::from_str(DOCUMENT).map_err(|e| e.to_string())?;
-        Ok(restrict(doc, &SERVE_TAGS).to_string())
-    })
-    .clone()
-    .map(json)
-    .map_err(|e| ApiError::internal(format!("the embedded OpenAPI document is broken: {e}")))
+    static PART: OnceLock<String> = OnceLock::new();
+    let doc = parsed()?;
+    Ok(json(
+        PART.get_or_init(|| restrict(doc.clone(), &SERVE_TAGS).to_string())
+            .clone(),
+    ))
 }
 
 /// `doc` with only the operations carrying one of `tags` (paths left empty are dropped).
