@@ -17,7 +17,7 @@ use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,10 @@ unsafe impl Send for Shared {}
 pub(crate) struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// Held by the one [`Pool::run`] in progress: the shared job slot takes one job at a
+    /// time, and a pool reachable from several threads (an embedder behind a shared
+    /// reference) must not have a second job published over the first.
+    running: Mutex<()>,
 }
 
 impl Pool {
@@ -84,7 +88,11 @@ impl Pool {
                     .spawn(move || worker(&shared, index))?,
             );
         }
-        Ok(Self { shared, workers })
+        Ok(Self {
+            shared,
+            workers,
+            running: Mutex::new(()),
+        })
     }
 
     /// Number of threads a job may run on.
@@ -102,6 +110,8 @@ impl Pool {
             }
             return;
         }
+        // A job that panicked poisons the lock on its way out; the pool itself is fine.
+        let _running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let s = &*self.shared;
         // SAFETY: only the lifetime is erased. The pointer is published to the workers below
         // and this function neither returns nor unwinds before the job is closed and no
@@ -285,6 +295,28 @@ mod tests {
                 assert!(out.iter().enumerate().all(|(i, &v)| v == i + 1));
             }
         }
+    }
+
+    #[test]
+    fn callers_on_several_threads_each_get_their_own_job() {
+        let pool = Pool::new(2).expect("spawn");
+        std::thread::scope(|scope| {
+            for caller in 1..=3usize {
+                let pool = &pool;
+                scope.spawn(move || {
+                    for _ in 0..300 {
+                        let mut out = vec![0usize; 37];
+                        let d = Disjoint::new(&mut out);
+                        pool.run(37, &|_, c| {
+                            // SAFETY: each chunk index is handed out once per job.
+                            let slot = unsafe { d.part(c, 1) };
+                            slot[0] += caller;
+                        });
+                        assert!(out.iter().all(|&v| v == caller), "{out:?}");
+                    }
+                });
+            }
+        });
     }
 
     #[test]
