@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Embedding throughput, ours (candle, release build) vs sentence-transformers
-# (PyTorch), on the same sentences with the same thread count, in one run.
+# Embedding throughput, ours (release build: the default CPU-kernel backend, and candle in
+# f32 for reference) vs sentence-transformers (PyTorch), on the same sentences with the same
+# thread count, in one run.
 #
 # Usage: benches/embed/bench.sh [MODEL_DIR]
 # Env:   STARLING_TEST_EMBED  model dir when no argument (default /tmp/m/minilm)
@@ -33,14 +34,16 @@ trap 'rm -f "$sentences"' EXIT
 ours_bin="$root/target/release/examples/embed_bench"
 
 echo "model: $model_dir  sentences: $(wc -l <"$sentences")  threads: $threads  rounds: $rounds"
-ours="$(RAYON_NUM_THREADS="$threads" "$ours_bin" "$model_dir" "$sentences" "$rounds")"
+ours="$(RAYON_NUM_THREADS="$threads" STARLING_EMBED_BACKEND=kernels "$ours_bin" "$model_dir" "$sentences" "$rounds")"
+ours_f32="$(RAYON_NUM_THREADS="$threads" STARLING_EMBED_BACKEND=candle "$ours_bin" "$model_dir" "$sentences" "$rounds")"
 theirs="$(OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" TOKENIZERS_PARALLELISM=false \
     "$python" "$here/bench_st.py" "$model_dir" "$sentences" "$threads" "$rounds" 2>/dev/null)"
 
-"$python" - "$ours" "$theirs" <<'PY'
+"$python" - "$ours" "$ours_f32" "$theirs" <<'PY'
 import json, sys
-ours, theirs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(f"{'':10}{'starling':>12}{'sentence-tf':>14}{'ratio':>8}   (sentences/second)")
+ours, f32, theirs = (json.loads(a) for a in sys.argv[1:4])
+print("sentences/second; ratio = starling (default, kernels) / sentence-transformers")
+print(f"{'':10}{'starling':>10}{'candle f32':>12}{'sentence-tf':>13}{'ratio':>8}")
 for key in ("batch1", "batch32"):
-    print(f"{key:10}{ours[key]:12.1f}{theirs[key]:14.1f}{ours[key] / theirs[key]:8.2f}x")
+    print(f"{key:10}{ours[key]:10.1f}{f32[key]:12.1f}{theirs[key]:13.1f}{ours[key] / theirs[key]:8.2f}x")
 PY

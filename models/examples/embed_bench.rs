@@ -2,11 +2,12 @@
 //!
 //! Usage: `embed_bench MODEL_DIR SENTENCES_FILE [ROUNDS]`; prints one JSON
 //! object `{"batch1": ..., "batch32": ...}` with the best round of each.
-//! Thread count follows `RAYON_NUM_THREADS`. Driven by `benches/embed/bench.sh`.
+//! Thread count follows `RAYON_NUM_THREADS`; `STARLING_EMBED_BACKEND` (auto, kernels,
+//! candle) picks the backend. Driven by `benches/embed/bench.sh`.
 
 use std::time::{Duration, Instant};
 
-use starling_models::embed::{BertEmbedder, Embedder};
+use starling_models::embed::{BertEmbedder, EmbedBackend, Embedder};
 
 fn best_rate(
     rounds: usize,
@@ -36,7 +37,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let text = std::fs::read_to_string(sentences_file)
         .map_err(|e| format!("cannot read {sentences_file}: {e}"))?;
     let sentences: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let model = BertEmbedder::load(model_dir)?.with_batch_size(32);
+    let backend: EmbedBackend = match std::env::var("STARLING_EMBED_BACKEND") {
+        Ok(b) => b.parse()?,
+        Err(_) => EmbedBackend::Auto,
+    };
+    let model = BertEmbedder::load_with(model_dir, backend)?.with_batch_size(32);
+    eprintln!("backend: {:?}", model.backend());
 
     // Warm-up.
     for chunk in sentences.chunks(32) {

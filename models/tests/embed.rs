@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde::Deserialize;
-use starling_models::embed::{BertEmbedder, EmbedError, EmbedHandle, Embedder};
+use starling_models::arch::cpu::Isa;
+use starling_models::embed::{BertEmbedder, EmbedBackend, EmbedError, EmbedHandle, Embedder};
 
 #[derive(Deserialize)]
 struct Reference {
@@ -88,6 +89,38 @@ fn reports_model_shape() {
 #[test]
 fn matches_sentence_transformers() {
     let Some(model) = minilm() else { return };
+    check_against_reference(model);
+}
+
+#[test]
+fn both_backends_match_sentence_transformers() {
+    let Some(dir) = model_dir() else { return };
+    for backend in [EmbedBackend::Kernels, EmbedBackend::Candle] {
+        let model = BertEmbedder::load_with(&dir, backend).expect("load");
+        assert_eq!(model.backend(), backend);
+        eprintln!("{backend:?}:");
+        check_against_reference(&model);
+    }
+}
+
+#[test]
+fn default_backend_is_the_kernels_where_the_cpu_has_simd() {
+    let Some(model) = minilm() else { return };
+    let expected = if Isa::detect() == Isa::Scalar
+        || std::env::var("STARLING_BACKEND").is_ok_and(|v| v.eq_ignore_ascii_case("candle"))
+    {
+        EmbedBackend::Candle
+    } else {
+        EmbedBackend::Kernels
+    };
+    assert_eq!(model.backend(), expected);
+    assert_eq!("kernels".parse::<EmbedBackend>(), Ok(EmbedBackend::Kernels));
+    assert_eq!("F32".parse::<EmbedBackend>(), Ok(EmbedBackend::Candle));
+    assert_eq!("auto".parse::<EmbedBackend>(), Ok(EmbedBackend::Auto));
+    assert!("gpu".parse::<EmbedBackend>().is_err());
+}
+
+fn check_against_reference(model: &BertEmbedder) {
     let reference = reference();
     assert!(
         reference

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use starling_models::embed::EmbedBackend;
 use starling_models::engine::DeviceKind;
 
 use crate::commands;
@@ -164,6 +165,10 @@ pub struct ModelArgs {
     /// Device: cpu, cuda or metal (the GPU ones need a build with that feature).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceKind,
+    /// Embedding backend: `auto` (Starling's CPU kernels with 8-bit linear layers where the
+    /// CPU has AVX2 or AVX-512, else candle), `kernels`, or `candle` (f32, the reference).
+    #[arg(long, default_value = "auto")]
+    pub embed_backend: EmbedBackend,
 }
 
 fn parse_device(s: &str) -> Result<DeviceKind, String> {

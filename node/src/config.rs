@@ -153,8 +153,10 @@ pub struct ModelsSection {
     pub chat: String,
     /// Embedding model: registry name, directory or source; empty for none.
     pub embedding: String,
-    /// Re-quantisation of weights without a fast kernel: `q8_0`, `q4_0` or `off`.
+    /// Re-quantisation of weights without a fast kernel: `auto`, `q8_0`, `q4_0` or `off`.
     pub requantize: String,
+    /// Embedding backend: `auto`, `kernels` (8-bit linear layers) or `candle` (f32).
+    pub embedding_backend: String,
     /// Context length in tokens.
     pub context: usize,
     /// Inference threads (default: all cores).
@@ -167,6 +169,7 @@ impl Default for ModelsSection {
             chat: "smollm2-135m-instruct".into(),
             embedding: "all-minilm-l6-v2".into(),
             requantize: "auto".into(),
+            embedding_backend: "auto".into(),
             context: 4096,
             threads: None,
         }
@@ -419,6 +422,13 @@ impl NodeConfig {
         {
             return invalid("models.requantize", &e.to_string());
         }
+        if let Err(e) = self
+            .models
+            .embedding_backend
+            .parse::<starling_models::embed::EmbedBackend>()
+        {
+            return invalid("models.embedding_backend", &e);
+        }
         if self.models.threads == Some(0) {
             return invalid("models.threads", "must be at least 1 (or left out)");
         }
@@ -617,6 +627,10 @@ mod tests {
             ("[network]\nbootstrap = [\"x:y\"]", "network.bootstrap"),
             ("[network]\nswarm_secret = \"abc\"", "network.swarm_secret"),
             ("[models]\nrequantize = \"q9\"", "models.requantize"),
+            (
+                "[models]\nembedding_backend = \"gpu\"",
+                "models.embedding_backend",
+            ),
             ("[api]\nmax_inflight = 0", "api.max_inflight"),
             ("[memory]\nthreshold = 11", "memory.threshold"),
             ("[memory]\nmin_similarity = 2", "memory.min_similarity"),

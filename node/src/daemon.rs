@@ -352,6 +352,8 @@ pub fn model_args(config: &NodeConfig) -> ModelArgs {
         ctx: config.models.context,
         threads: config.models.threads,
         device: starling_models::engine::DeviceKind::Cpu,
+        // Checked by `NodeConfig::validate`.
+        embed_backend: config.models.embedding_backend.parse().unwrap_or_default(),
     }
 }
 

@@ -5,11 +5,13 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
+use candle_transformers::models::bert::{BertModel, Config, HiddenAct};
 use serde::Deserialize;
 use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
 use super::{EmbedError, Embedder};
+use crate::arch::cpu::bert::{Activation, BertShape, CpuBert};
+use crate::arch::cpu::{Isa, BACKEND_ENV};
 
 /// Texts per forward pass unless [`BertEmbedder::with_batch_size`] says otherwise.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
@@ -21,15 +23,49 @@ const SBERT_CONFIG_FILE: &str = "sentence_bert_config.json";
 const MODULES_FILE: &str = "modules.json";
 const POOLING_CONFIG_FILE: &str = "1_Pooling/config.json";
 
+/// Which implementation runs the encoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmbedBackend {
+    /// The CPU kernels when this CPU has integer SIMD (AVX2 or AVX-512), otherwise candle;
+    /// `STARLING_BACKEND=candle` forces candle.
+    #[default]
+    Auto,
+    /// Starling's CPU kernels: Q8_0 weights in the linear layers, f32 elsewhere.
+    Kernels,
+    /// candle's BERT in f32: the reference implementation.
+    Candle,
+}
+
+impl std::str::FromStr for EmbedBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "kernels" | "q8" | "q8_0" => Ok(Self::Kernels),
+            "candle" | "f32" => Ok(Self::Candle),
+            other => Err(format!(
+                "unknown embedding backend {other:?} (expected auto, kernels or candle)"
+            )),
+        }
+    }
+}
+
+enum Encoder {
+    Candle(BertModel),
+    Kernels(CpuBert),
+}
+
 /// A sentence-transformers BERT model: BERT encoder, mean pooling over the
-/// attention mask, L2 normalisation. Runs on the CPU in F32.
+/// attention mask, L2 normalisation. Runs on the CPU, by default on Starling's
+/// own kernels (Q8_0 linear layers), or in F32 on candle ([`EmbedBackend`]).
 ///
 /// Loaded from a directory holding `config.json`, `tokenizer.json` and
 /// `model.safetensors`; `sentence_bert_config.json`, `modules.json` and
 /// `1_Pooling/config.json` are read when present to take the maximum sequence
 /// length and to refuse pipelines this backend does not implement.
 pub struct BertEmbedder {
-    model: BertModel,
+    encoder: Encoder,
     tokenizer: Tokenizer,
     device: Device,
     model_id: String,
@@ -45,13 +81,20 @@ impl std::fmt::Debug for BertEmbedder {
             .field("dim", &self.dim)
             .field("max_len", &self.max_len)
             .field("batch_size", &self.batch_size)
+            .field("backend", &self.backend())
             .finish_non_exhaustive()
     }
 }
 
 impl BertEmbedder {
-    /// Loads the model in `dir`. The model id defaults to the directory's name.
+    /// Loads the model in `dir` on the default backend. The model id defaults to the
+    /// directory's name.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self, EmbedError> {
+        Self::load_with(dir, EmbedBackend::Auto)
+    }
+
+    /// Loads the model in `dir` on `backend`.
+    pub fn load_with(dir: impl AsRef<Path>, backend: EmbedBackend) -> Result<Self, EmbedError> {
         let dir = dir.as_ref();
         let started = Instant::now();
         let device = Device::Cpu;
@@ -114,9 +157,25 @@ impl BertEmbedder {
             path: weights_path.clone(),
             reason: e.to_string(),
         };
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
-            .map_err(corrupt_weights)?;
-        let model = BertModel::load(vb, &config).map_err(corrupt_weights)?;
+        let encoder = if use_kernels(backend, &config)? {
+            let tensors = candle_core::safetensors::load_buffer(&weights, &device)
+                .map_err(corrupt_weights)?;
+            let source = |name: &str, dims: &[usize]| tensor_values(&tensors, name, dims);
+            let prefix = weight_prefix(&config, |name| tensors.contains_key(name));
+            let threads = candle_core::utils::get_num_threads();
+            let cpu = CpuBert::load(kernel_shape(&config)?, &prefix, &source, threads).map_err(
+                |reason| EmbedError::Corrupt {
+                    path: weights_path.clone(),
+                    reason,
+                },
+            )?;
+            tracing::debug!(isa = ?cpu.isa(), threads = cpu.threads(), "BERT on the CPU kernels");
+            Encoder::Kernels(cpu)
+        } else {
+            let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
+                .map_err(corrupt_weights)?;
+            Encoder::Candle(BertModel::load(vb, &config).map_err(corrupt_weights)?)
+        };
 
         let model_id = dir
             .file_name()
@@ -127,11 +186,12 @@ impl BertEmbedder {
             dir = %dir.display(),
             dim = config.hidden_size,
             max_len,
+            backend = ?backend_of(&encoder),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "loaded embedding model"
         );
         Ok(Self {
-            model,
+            encoder,
             tokenizer,
             device,
             model_id,
@@ -160,9 +220,41 @@ impl BertEmbedder {
         self.batch_size
     }
 
-    /// Runs one forward pass over `encodings`, padded to the longest of them,
-    /// and returns their pooled, normalised vectors in the same order.
+    /// The implementation running the encoder: [`EmbedBackend::Kernels`] or
+    /// [`EmbedBackend::Candle`].
+    pub fn backend(&self) -> EmbedBackend {
+        backend_of(&self.encoder)
+    }
+
+    /// Runs one forward pass over `encodings` and returns their pooled,
+    /// normalised vectors in the same order.
     fn embed_batch(&self, encodings: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        match &self.encoder {
+            Encoder::Candle(model) => self.embed_batch_candle(model, encodings),
+            Encoder::Kernels(cpu) => {
+                let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+                let hidden = cpu
+                    .forward(&ids)
+                    .map_err(|e| EmbedError::Inference(candle_core::Error::Msg(e)))?;
+                let mut at = 0;
+                Ok(ids
+                    .iter()
+                    .map(|ids| {
+                        let rows = &hidden[at * self.dim..(at + ids.len()) * self.dim];
+                        at += ids.len();
+                        mean_pool_normalised(rows, self.dim)
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    /// candle's forward pass, over `encodings` padded to the longest of them.
+    fn embed_batch_candle(
+        &self,
+        model: &BertModel,
+        encodings: &[&Encoding],
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let batch = encodings.len();
         let seq_len = encodings
             .iter()
@@ -185,9 +277,7 @@ impl BertEmbedder {
             let input_ids = Tensor::from_vec(ids, (batch, seq_len), &self.device)?;
             let token_type_ids = input_ids.zeros_like()?;
             let attention_mask = Tensor::from_vec(mask, (batch, seq_len), &self.device)?;
-            let output = self
-                .model
-                .forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
+            let output = model.forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
             output.flatten_all()?.to_vec1::<f32>()
         })?;
 
@@ -229,7 +319,15 @@ impl Embedder for BertEmbedder {
             .map(|&i| encodings[i].get_ids().len())
             .collect();
         let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
-        for range in split_batches(&lens, self.batch_size) {
+        // The kernels run a batch without padding, so only the candle path splits on it.
+        let ranges = match self.encoder {
+            Encoder::Candle(_) => split_batches(&lens, self.batch_size),
+            Encoder::Kernels(_) => (0..lens.len())
+                .step_by(self.batch_size)
+                .map(|start| start..(start + self.batch_size).min(lens.len()))
+                .collect(),
+        };
+        for range in ranges {
             let chunk = &order[range];
             let batch: Vec<&Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
             for (&i, vector) in chunk.iter().zip(self.embed_batch(&batch)?) {
@@ -256,6 +354,77 @@ impl Embedder for BertEmbedder {
     fn model_id(&self) -> &str {
         &self.model_id
     }
+}
+
+fn backend_of(encoder: &Encoder) -> EmbedBackend {
+    match encoder {
+        Encoder::Candle(_) => EmbedBackend::Candle,
+        Encoder::Kernels(_) => EmbedBackend::Kernels,
+    }
+}
+
+/// Whether `backend` means the CPU kernels for a model with `config`.
+fn use_kernels(backend: EmbedBackend, config: &Config) -> Result<bool, EmbedError> {
+    let supported = kernel_shape(config).and_then(|shape| {
+        CpuBert::supports(&shape).map_err(|e| EmbedError::Unsupported(format!("CPU kernels: {e}")))
+    });
+    match backend {
+        EmbedBackend::Candle => Ok(false),
+        EmbedBackend::Kernels => supported.map(|()| true),
+        EmbedBackend::Auto => Ok(supported.is_ok()
+            && Isa::detect() != Isa::Scalar
+            && !std::env::var(BACKEND_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("candle"))),
+    }
+}
+
+fn kernel_shape(config: &Config) -> Result<BertShape, EmbedError> {
+    Ok(BertShape {
+        vocab: config.vocab_size,
+        hidden: config.hidden_size,
+        layers: config.num_hidden_layers,
+        heads: config.num_attention_heads,
+        ffn: config.intermediate_size,
+        max_positions: config.max_position_embeddings,
+        type_vocab: config.type_vocab_size,
+        eps: config.layer_norm_eps as f32,
+        activation: match config.hidden_act {
+            HiddenAct::Gelu => Activation::GeluErf,
+            HiddenAct::GeluApproximate => Activation::GeluTanh,
+            HiddenAct::Relu => Activation::Relu,
+        },
+    })
+}
+
+/// The prefix of the checkpoint's tensor names: none, or the model type (`bert.`) for
+/// checkpoints saved from a model with a task head.
+fn weight_prefix(config: &Config, has: impl Fn(&str) -> bool) -> String {
+    const PROBE: &str = "embeddings.word_embeddings.weight";
+    if has(PROBE) {
+        return String::new();
+    }
+    let model_type = config.model_type.as_deref().unwrap_or("bert");
+    format!("{model_type}.")
+}
+
+/// The values of tensor `name` as f32, if it has dimensions `dims`.
+fn tensor_values(
+    tensors: &std::collections::HashMap<String, Tensor>,
+    name: &str,
+    dims: &[usize],
+) -> Result<Vec<f32>, String> {
+    let t = tensors
+        .get(name)
+        .ok_or_else(|| format!("tensor {name} is missing"))?;
+    if t.dims() != dims {
+        return Err(format!(
+            "tensor {name} has shape {:?}, expected {dims:?}",
+            t.dims()
+        ));
+    }
+    t.to_dtype(DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| format!("tensor {name}: {e}"))
 }
 
 /// Splits texts sorted by descending token count `lens` into consecutive

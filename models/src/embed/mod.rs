@@ -11,7 +11,7 @@ mod handle;
 
 use std::path::PathBuf;
 
-pub use bert::{BertEmbedder, DEFAULT_BATCH_SIZE};
+pub use bert::{BertEmbedder, EmbedBackend, DEFAULT_BATCH_SIZE};
 pub use handle::EmbedHandle;
 
 /// Identifier of the default embedding model.

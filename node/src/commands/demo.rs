@@ -150,7 +150,11 @@ pub fn run(home: &Path, args: DemoArgs) -> anyhow::Result<()> {
     let aliases = registry::find(&args.model)
         .map(|k| vec![k.name.to_owned()])
         .unwrap_or_default();
-    let embedder = super::serve::load_embedder(home, &first.models.embedding)?;
+    let embedder = super::serve::load_embedder(
+        home,
+        &first.models.embedding,
+        model_args(&first).embed_backend,
+    )?;
     let shared = SharedModels {
         chat: starling_models::engine::ModelSlot::new(engine),
         aliases,

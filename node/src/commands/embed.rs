@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use clap::Args;
-use starling_models::embed::{BertEmbedder, Embedder};
+use starling_models::embed::{BertEmbedder, EmbedBackend, Embedder};
 use starling_models::source::{registry, ModelCache, Progress};
 
 /// Arguments of `starling embed`.
@@ -21,6 +21,10 @@ pub struct EmbedArgs {
     /// every pair).
     #[arg(long)]
     pub json: bool,
+    /// Backend: `auto` (Starling's CPU kernels with 8-bit linear layers where the CPU has
+    /// AVX2 or AVX-512, else candle), `kernels`, or `candle` (f32, the reference).
+    #[arg(long, default_value = "auto")]
+    pub backend: EmbedBackend,
 }
 
 /// Embeds the texts and prints the vectors (JSON) or a summary with pairwise similarities.
@@ -39,8 +43,8 @@ pub fn run(home: &Path, args: EmbedArgs) -> anyhow::Result<()> {
     let dir = ModelCache::new(home)
         .resolve(&source, &Progress::new())
         .with_context(|| format!("cannot get embedding model `{}`", args.model))?;
-    let embedder =
-        BertEmbedder::load(&dir).with_context(|| format!("cannot load {}", dir.display()))?;
+    let embedder = BertEmbedder::load_with(&dir, args.backend)
+        .with_context(|| format!("cannot load {}", dir.display()))?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let vectors = embedder.embed(&refs)?;
     if args.json {

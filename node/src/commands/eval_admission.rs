@@ -524,7 +524,7 @@ pub fn run(home: &Path, args: EvalAdmissionArgs) -> anyhow::Result<()> {
         config.threshold = t;
     }
     let candidates = build_candidates(&pairs);
-    let embedder = super::serve::load_embedder(home, &args.embed_model)?;
+    let embedder = super::serve::load_embedder(home, &args.embed_model, Default::default())?;
     let engine = super::load_engine(home, &args.model)?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();

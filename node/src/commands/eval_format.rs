@@ -487,7 +487,7 @@ pub fn run(home: &Path, args: EvalFormatArgs) -> anyhow::Result<()> {
     let min_cosine = args.min_cosine.unwrap_or(defaults.memory_min_cosine);
     let max_tokens = args.max_tokens.unwrap_or(defaults.answer_tokens);
 
-    let embedder = super::serve::load_embedder(home, &args.embed_model)?;
+    let embedder = super::serve::load_embedder(home, &args.embed_model, Default::default())?;
     let engine = super::load_engine(home, &args.model)?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use clap::Args;
-use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::embed::{BertEmbedder, EmbedBackend, EmbedHandle};
 use starling_models::engine::ModelSlot;
 use starling_models::source::{registry, ModelCache, Progress};
 use tokio_util::sync::CancellationToken;
@@ -80,7 +80,7 @@ pub fn build_state(
         .unwrap_or_default();
     let state = AppState::new(config).with_chat_model_named(ModelSlot::new(engine), aliases);
     if let Some(spec) = embedding {
-        let handle = load_embedder(home, spec)?;
+        let handle = load_embedder(home, spec, model.embed_backend)?;
         eprintln!(
             "embedding model: {} ({} dimensions)",
             handle.model_id(),
@@ -93,13 +93,17 @@ pub fn build_state(
 
 /// Resolves `spec` (registry name, directory or source) and starts the embedder on its own
 /// thread. A registry name becomes the model's id.
-pub fn load_embedder(home: &Path, spec: &str) -> anyhow::Result<EmbedHandle> {
+pub fn load_embedder(
+    home: &Path,
+    spec: &str,
+    backend: EmbedBackend,
+) -> anyhow::Result<EmbedHandle> {
     let cache = ModelCache::new(home);
     let source = registry::parse_spec(spec)?;
     let dir = cache
         .resolve(&source, &Progress::new())
         .with_context(|| format!("cannot get embedding model `{spec}`"))?;
-    let mut embedder = BertEmbedder::load(&dir)
+    let mut embedder = BertEmbedder::load_with(&dir, backend)
         .with_context(|| format!("cannot load embedding model {}", dir.display()))?;
     if let Some(known) = registry::find(spec) {
         embedder = embedder.with_model_id(known.name);

@@ -9,6 +9,7 @@
 //! which stays available for other devices and weight types.
 
 mod attention;
+pub(crate) mod bert;
 mod kernels;
 mod ops;
 mod pool;

@@ -198,6 +198,20 @@ impl QMatrix {
         }
     }
 
+    /// Writes column `c` as f32 values into `out` (one per row).
+    pub(crate) fn column(&self, c: usize, out: &mut [f32]) {
+        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
+        let (b, j) = (c / BLOCK, c % BLOCK);
+        for (r, o) in out[..self.rows].iter_mut().enumerate() {
+            let d = self.d[r * self.nbp + b].to_f32();
+            let m = match self.fmt {
+                Format::Q4_1 => self.m[r * self.nbp + b].to_f32(),
+                f => -f.offset() * d,
+            };
+            *o = d * kernels::unpack(self.fmt, &self.q[r * rb..(r + 1) * rb], b, j) as f32 + m;
+        }
+    }
+
     /// Writes row `r` as f32 values into `out` (`k` values).
     pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let rb = self.fmt.row_bytes(self.nbp * BLOCK);

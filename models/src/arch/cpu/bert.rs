@@ -1,0 +1,657 @@
+//! A BERT encoder (sentence-transformers models such as all-MiniLM-L6-v2) on the same CPU
+//! kernels as the llama path: the linear layers hold Q8_0 weights and take 8-bit block
+//! activations; embeddings, biases, layer norms, attention and the activation function stay
+//! in f32. The few hidden channels that BERT drives far above the rest are multiplied in f32
+//! beside the 8-bit product (see [`Outliers`]); without that, the worst fixture sentence
+//! falls to cosine 0.998 against sentence-transformers, with it it stays above 0.9994.
+//!
+//! A batch is run without padding: the linear layers see the tokens of every text as one
+//! `tokens × hidden` matrix, and attention runs per text and head, so a short text next to a
+//! long one costs only its own tokens, and every per-token decision is made per token, so a
+//! text's vector does not depend on the texts batched with it.
+//!
+//! [`crate::embed::BertEmbedder`] uses it by default on CPUs with integer SIMD kernels and
+//! keeps candle's f32 implementation as the reference (`EmbedBackend::Candle`); the fixture
+//! test holds both to cosine ≥ 0.999 against sentence-transformers.
+
+#![allow(unsafe_code)]
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+
+use super::kernels::{Isa, BLOCK};
+use super::ops;
+use super::pool::{Disjoint, Pool};
+use super::quant::{self, Epilogue, QActs, QMatrix};
+
+/// The feed-forward activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activation {
+    /// `x·Φ(x)` with the exact normal CDF (`gelu` in transformers).
+    GeluErf,
+    /// The tanh approximation of GELU (`gelu_new`, `gelu_pytorch_tanh`).
+    GeluTanh,
+    /// `max(x, 0)`.
+    Relu,
+}
+
+/// The sizes a BERT checkpoint is built with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BertShape {
+    pub vocab: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub ffn: usize,
+    pub max_positions: usize,
+    pub type_vocab: usize,
+    pub eps: f32,
+    pub activation: Activation,
+}
+
+/// Reads the named tensor as f32 values, checking it has the given dimensions.
+pub(crate) type TensorSource<'a> = dyn Fn(&str, &[usize]) -> Result<Vec<f32>, String> + 'a;
+
+struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+struct Linear {
+    weight: QMatrix,
+    bias: Vec<f32>,
+}
+
+struct Layer {
+    /// Query, key and value stacked into one `3·hidden × hidden` product.
+    qkv: Linear,
+    attn_out: Linear,
+    attn_norm: LayerNorm,
+    up: Linear,
+    down: Linear,
+    out_norm: LayerNorm,
+}
+
+/// A BERT encoder run by the CPU kernels.
+pub(crate) struct CpuBert {
+    shape: BertShape,
+    word: Vec<f32>,
+    /// Position embeddings with the token-type-0 embedding already added (every input here
+    /// is a single segment).
+    position: Vec<f32>,
+    embed_norm: LayerNorm,
+    layers: Vec<Layer>,
+    pool: Pool,
+    isa: Isa,
+}
+
+/// Rows handled per chunk of a parallel element-wise pass.
+const ROWS_PER_CHUNK: usize = 8;
+
+impl CpuBert {
+    /// Whether the kernels can run a model of this shape.
+    pub(crate) fn supports(shape: &BertShape) -> Result<(), String> {
+        if !shape.hidden.is_multiple_of(BLOCK) || !shape.ffn.is_multiple_of(BLOCK) {
+            return Err(format!(
+                "widths {} and {} must be multiples of {BLOCK}",
+                shape.hidden, shape.ffn
+            ));
+        }
+        if shape.heads == 0 || !shape.hidden.is_multiple_of(shape.heads) {
+            return Err(format!(
+                "{} heads do not divide width {}",
+                shape.heads, shape.hidden
+            ));
+        }
+        if shape.type_vocab == 0 || shape.max_positions == 0 {
+            return Err("no token-type or position embeddings".into());
+        }
+        Ok(())
+    }
+
+    /// Builds the encoder from the checkpoint's tensors (names as in transformers'
+    /// `BertModel`, with `prefix` such as `""` or `"bert."`), quantising the linear layers'
+    /// weights to Q8_0. `threads` is the size of the worker pool.
+    pub(crate) fn load(
+        shape: BertShape,
+        prefix: &str,
+        tensor: &TensorSource<'_>,
+        threads: usize,
+    ) -> Result<Self, String> {
+        Self::supports(&shape)?;
+        let h = shape.hidden;
+        let get = |name: &str, dims: &[usize]| tensor(&format!("{prefix}{name}"), dims);
+        let norm = |name: &str| -> Result<LayerNorm, String> {
+            Ok(LayerNorm {
+                weight: get(&format!("{name}.weight"), &[h])?,
+                bias: get(&format!("{name}.bias"), &[h])?,
+            })
+        };
+        let linear = |names: &[String], rows: usize, k: usize| -> Result<Linear, String> {
+            let mut weight = Vec::with_capacity(names.len() * rows * k);
+            let mut bias = Vec::with_capacity(names.len() * rows);
+            for name in names {
+                weight.extend(get(&format!("{name}.weight"), &[rows, k])?);
+                bias.extend(get(&format!("{name}.bias"), &[rows])?);
+            }
+            let n = names.len() * rows;
+            Ok(Linear {
+                weight: quantize_q8_0(&weight, n, k).map_err(|e| format!("{}: {e}", names[0]))?,
+                bias,
+            })
+        };
+
+        let word = get("embeddings.word_embeddings.weight", &[shape.vocab, h])?;
+        let mut position = get(
+            "embeddings.position_embeddings.weight",
+            &[shape.max_positions, h],
+        )?;
+        let token_type = get(
+            "embeddings.token_type_embeddings.weight",
+            &[shape.type_vocab, h],
+        )?;
+        for row in position.chunks_exact_mut(h) {
+            row.iter_mut()
+                .zip(&token_type[..h])
+                .for_each(|(p, t)| *p += t);
+        }
+        let embed_norm = norm("embeddings.LayerNorm")?;
+
+        let mut layers = Vec::with_capacity(shape.layers);
+        for i in 0..shape.layers {
+            let p = format!("encoder.layer.{i}");
+            let qkv_names: Vec<String> = ["query", "key", "value"]
+                .iter()
+                .map(|w| format!("{p}.attention.self.{w}"))
+                .collect();
+            layers.push(Layer {
+                qkv: linear(&qkv_names, h, h)?,
+                attn_out: linear(&[format!("{p}.attention.output.dense")], h, h)?,
+                attn_norm: norm(&format!("{p}.attention.output.LayerNorm"))?,
+                up: linear(&[format!("{p}.intermediate.dense")], shape.ffn, h)?,
+                down: linear(&[format!("{p}.output.dense")], h, shape.ffn)?,
+                out_norm: norm(&format!("{p}.output.LayerNorm"))?,
+            });
+        }
+        let pool = Pool::new(threads.max(1)).map_err(|e| format!("cannot start threads: {e}"))?;
+        Ok(Self {
+            shape,
+            word,
+            position,
+            embed_norm,
+            layers,
+            pool,
+            isa: Isa::detect(),
+        })
+    }
+
+    /// The instruction set the kernels use.
+    pub(crate) fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Threads a forward pass runs on.
+    pub(crate) fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Runs the encoder over `texts` (token ids, each at most the model's position count
+    /// long and below its vocabulary size) and returns the last hidden states of all their
+    /// tokens, text after text: `sum(len) × hidden` values.
+    pub(crate) fn forward(&self, texts: &[&[u32]]) -> Result<Vec<f32>, String> {
+        let s = &self.shape;
+        let h = s.hidden;
+        for ids in texts {
+            if ids.len() > s.max_positions {
+                return Err(format!(
+                    "{} tokens exceed the model's {} positions",
+                    ids.len(),
+                    s.max_positions
+                ));
+            }
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= s.vocab) {
+                return Err(format!("token id {bad} is outside the vocabulary"));
+            }
+        }
+        let tokens: usize = texts.iter().map(|t| t.len()).sum();
+        let mut spans = Vec::with_capacity(texts.len());
+        let mut x = vec![0f32; tokens * h];
+        let mut at = 0;
+        for ids in texts {
+            spans.push(at..at + ids.len());
+            for (p, &t) in ids.iter().enumerate() {
+                let row = &mut x[(at + p) * h..(at + p + 1) * h];
+                let word = &self.word[t as usize * h..(t as usize + 1) * h];
+                let pos = &self.position[p * h..(p + 1) * h];
+                for ((o, w), q) in row.iter_mut().zip(word).zip(pos) {
+                    *o = w + q;
+                }
+            }
+            at += ids.len();
+        }
+        if tokens == 0 {
+            return Ok(x);
+        }
+        self.rows(&mut x, h, &|_, row| {
+            layer_norm(row, &self.embed_norm, s.eps)
+        });
+
+        let mut scratch = Scratch {
+            acts: QActs::new(h),
+            acts_ffn: QActs::new(s.ffn),
+            masked: Vec::new(),
+        };
+        let mut qkv = vec![0f32; tokens * 3 * h];
+        let mut att = vec![0f32; tokens * h];
+        let mut ffn = vec![0f32; tokens * s.ffn];
+        for layer in &self.layers {
+            self.project(
+                &layer.qkv,
+                &x,
+                tokens,
+                &mut scratch,
+                &mut qkv,
+                Epilogue::Store,
+            );
+            self.rows(&mut qkv, 3 * h, &|_, row| add(row, &layer.qkv.bias));
+            self.attention(&qkv, &spans, &mut att);
+
+            self.project(
+                &layer.attn_out,
+                &att,
+                tokens,
+                &mut scratch,
+                &mut x,
+                Epilogue::Add,
+            );
+            self.rows(&mut x, h, &|_, row| {
+                add(row, &layer.attn_out.bias);
+                layer_norm(row, &layer.attn_norm, s.eps);
+            });
+
+            self.project(
+                &layer.up,
+                &x,
+                tokens,
+                &mut scratch,
+                &mut ffn,
+                Epilogue::Store,
+            );
+            let act = s.activation;
+            self.rows(&mut ffn, s.ffn, &|_, row| {
+                for (v, b) in row.iter_mut().zip(&layer.up.bias) {
+                    *v = activate(act, *v + b);
+                }
+            });
+
+            self.project(
+                &layer.down,
+                &ffn,
+                tokens,
+                &mut scratch,
+                &mut x,
+                Epilogue::Add,
+            );
+            self.rows(&mut x, h, &|_, row| {
+                add(row, &layer.down.bias);
+                layer_norm(row, &layer.out_norm, s.eps);
+            });
+        }
+        Ok(x)
+    }
+
+    /// `out (=|+=) W·x` for the `tokens` rows of `x`. Columns of `x` whose magnitude stands
+    /// far above the rest (a few fixed channels of BERT's hidden states reach 10–30 where
+    /// the others stay near 1) are taken out of the 8-bit product, where one of them would
+    /// coarsen the quantisation of its whole 32-value block, and multiplied in f32 instead,
+    /// as LLM.int8() does.
+    fn project(
+        &self,
+        l: &Linear,
+        x: &[f32],
+        tokens: usize,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+        epilogue: Epilogue,
+    ) {
+        let k = x.len() / tokens;
+        let width = l.weight.rows();
+        let acts = if k == self.shape.hidden {
+            &mut scratch.acts
+        } else {
+            &mut scratch.acts_ffn
+        };
+        let outliers = Outliers::find(x, tokens, k);
+        if outliers.is_empty() {
+            quant::quantize(&self.pool, x, tokens, None, acts);
+        } else {
+            let masked = &mut scratch.masked;
+            masked.clear();
+            masked.extend_from_slice(x);
+            for (t, row) in masked.chunks_exact_mut(k).enumerate() {
+                outliers.of(t).iter().for_each(|&c| row[c as usize] = 0.0);
+            }
+            quant::quantize(&self.pool, masked, tokens, None, acts);
+        }
+        quant::matmul(
+            &self.pool, self.isa, &l.weight, acts, tokens, out, width, epilogue,
+        );
+        if outliers.is_empty() {
+            return;
+        }
+        // The weight columns of every outlier, once each.
+        let mut used: Vec<u32> = outliers.cols.clone();
+        used.sort_unstable();
+        used.dedup();
+        let mut columns = vec![0f32; used.len() * width];
+        for (&c, column) in used.iter().zip(columns.chunks_exact_mut(width)) {
+            l.weight.column(c as usize, column);
+        }
+        self.rows(&mut out[..tokens * width], width, &|t, row| {
+            for &c in outliers.of(t) {
+                let Ok(i) = used.binary_search(&c) else {
+                    continue;
+                };
+                let v = x[t * k + c as usize];
+                let column = &columns[i * width..(i + 1) * width];
+                row.iter_mut().zip(column).for_each(|(o, w)| *o += v * w);
+            }
+        });
+    }
+
+    /// Calls `f(index, row)` for every `width`-wide row of `data`, over the pool when there
+    /// are many.
+    fn rows(&self, data: &mut [f32], width: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+        let n = data.len() / width;
+        if n < 2 * ROWS_PER_CHUNK {
+            data.chunks_exact_mut(width)
+                .enumerate()
+                .for_each(|(i, row)| f(i, row));
+            return;
+        }
+        let parts = Disjoint::new(data);
+        self.pool.run(n.div_ceil(ROWS_PER_CHUNK), &|_, chunk| {
+            let first = chunk * ROWS_PER_CHUNK;
+            let count = ROWS_PER_CHUNK.min(n - first);
+            // SAFETY: chunk `chunk` (one thread) owns rows first..first + count.
+            let rows = unsafe { parts.part(first * width, count * width) };
+            rows.chunks_exact_mut(width)
+                .enumerate()
+                .for_each(|(i, row)| f(first + i, row));
+        });
+    }
+
+    /// Bidirectional multi-head attention within each text's span of tokens: reads `qkv`
+    /// (`tokens × 3·hidden`, biases added) and writes `att` (`tokens × hidden`).
+    fn attention(&self, qkv: &[f32], spans: &[std::ops::Range<usize>], att: &mut [f32]) {
+        let h = self.shape.hidden;
+        let heads = self.shape.heads;
+        let d = h / heads;
+        let scale = 1.0 / (d as f32).sqrt();
+        let out = Disjoint::new(att);
+        self.pool.run(spans.len() * heads, &|_, unit| {
+            let span = &spans[unit / heads];
+            let col = unit % heads * d;
+            let len = span.len();
+            // This head's keys transposed (one row per dimension) and values, contiguous,
+            // so that the loops below run over whole rows without strides or horizontal
+            // sums.
+            let mut keys = vec![0f32; d * len];
+            let mut values = Vec::with_capacity(len * d);
+            for (j, t) in span.clone().enumerate() {
+                let row = &qkv[t * 3 * h..(t + 1) * 3 * h];
+                for (dim, &k) in row[h + col..h + col + d].iter().enumerate() {
+                    keys[dim * len + j] = k;
+                }
+                values.extend_from_slice(&row[2 * h + col..2 * h + col + d]);
+            }
+            let mut scores = vec![0f32; len];
+            for i in span.clone() {
+                let q = &qkv[i * 3 * h + col..i * 3 * h + col + d];
+                // SAFETY: unit (text, head) is handed to one thread, and writes only the
+                // head's columns of its own text's rows.
+                let dst = unsafe { out.part(i * h + col, d) };
+                match d {
+                    32 => attend_row::<32>(q, &keys, &values, scale, &mut scores, dst),
+                    64 => attend_row::<64>(q, &keys, &values, scale, &mut scores, dst),
+                    _ => attend_row_any(q, &keys, &values, scale, &mut scores, dst),
+                }
+            }
+        });
+    }
+}
+
+/// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values; unlike
+/// [`ops::softmax_unnormalised`] (kept bit for bit as the llama path was measured with), the
+/// exponentials and the sum run in separate loops, so both vectorise.
+fn softmax_unnormalised(x: &mut [f32]) -> f32 {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    x.iter_mut().for_each(|v| *v = ops::exp(*v - max));
+    let mut lanes = [0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        lanes.iter_mut().zip(c).for_each(|(l, v)| *l += v);
+    }
+    lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
+/// `scores = scale · Kᵀq` with `keys` transposed (`q.len()` rows of `scores.len()`).
+fn scores_of(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
+    scores.fill(0.0);
+    for (&qd, kd) in q.iter().zip(keys.chunks_exact(scores.len())) {
+        let qd = qd * scale;
+        scores.iter_mut().zip(kd).for_each(|(s, k)| *s += qd * k);
+    }
+}
+
+/// One query row of attention over a head's transposed `keys` and `values` (rows of `D`):
+/// `out = softmax(scale · K·q) · V`, with the accumulator in registers.
+fn attend_row<const D: usize>(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    scores_of(q, keys, scale, scores);
+    let inv = 1.0 / softmax_unnormalised(scores);
+    let mut acc = [0f32; D];
+    for (&p, v) in scores.iter().zip(values.chunks_exact(D)) {
+        let v: &[f32; D] = v.try_into().expect("value row of D values");
+        for (a, v) in acc.iter_mut().zip(v) {
+            *a += p * v;
+        }
+    }
+    out.iter_mut().zip(&acc).for_each(|(o, a)| *o = a * inv);
+}
+
+/// [`attend_row`] for any head width.
+fn attend_row_any(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = q.len();
+    scores_of(q, keys, scale, scores);
+    let inv = 1.0 / softmax_unnormalised(scores);
+    out.fill(0.0);
+    for (&p, v) in scores.iter().zip(values.chunks_exact(d)) {
+        out.iter_mut().zip(v).for_each(|(a, v)| *a += p * v);
+    }
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// Buffers of one forward pass.
+struct Scratch {
+    /// Quantised inputs of width `hidden`.
+    acts: QActs,
+    /// Quantised inputs of width `ffn`.
+    acts_ffn: QActs,
+    /// A copy of an input with its outlier columns zeroed.
+    masked: Vec<f32>,
+}
+
+/// The values of an input to multiply in f32, chosen per token row (so that a text's
+/// vector does not depend on the texts batched with it): those over [`OUTLIER_RATIO`] times
+/// the row's mean magnitude, at most one per 32-value block on average (the largest).
+struct Outliers {
+    /// Columns, row after row.
+    cols: Vec<u32>,
+    /// Where each row's columns start in `cols`, plus the end.
+    starts: Vec<usize>,
+}
+
+impl Outliers {
+    fn find(x: &[f32], tokens: usize, k: usize) -> Self {
+        let cap = (k / BLOCK).max(1);
+        let mut cols = Vec::new();
+        let mut starts = Vec::with_capacity(tokens + 1);
+        let mut found: Vec<u32> = Vec::new();
+        for row in x.chunks_exact(k).take(tokens) {
+            starts.push(cols.len());
+            let mean = row.iter().map(|v| v.abs()).sum::<f32>() / k as f32;
+            let threshold = mean * OUTLIER_RATIO;
+            found.clear();
+            found.extend((0..k as u32).filter(|&c| row[c as usize].abs() > threshold));
+            if found.len() > cap {
+                found.sort_unstable_by(|&a, &b| {
+                    row[b as usize].abs().total_cmp(&row[a as usize].abs())
+                });
+                found.truncate(cap);
+            }
+            cols.extend_from_slice(&found);
+        }
+        starts.push(cols.len());
+        Self { cols, starts }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.cols.is_empty()
+    }
+
+    /// The columns of row `t`.
+    fn of(&self, t: usize) -> &[u32] {
+        &self.cols[self.starts[t]..self.starts[t + 1]]
+    }
+}
+
+/// See [`Outliers`].
+const OUTLIER_RATIO: f32 = 6.0;
+
+/// Q8_0 blocks of a row-major `rows × k` f32 matrix, in the kernels' layout.
+fn quantize_q8_0(values: &[f32], rows: usize, k: usize) -> Result<QMatrix, String> {
+    let quantised = Tensor::from_slice(values, (rows, k), &Device::Cpu)
+        .and_then(|t| QTensor::quantize(&t, GgmlDType::Q8_0))
+        .and_then(|q| q.data().map(|d| d.into_owned()))
+        .map_err(|e| e.to_string())?;
+    QMatrix::from_ggml(GgmlDType::Q8_0, rows, k, &quantised)
+}
+
+fn add(row: &mut [f32], bias: &[f32]) {
+    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+}
+
+/// `(x - mean) / sqrt(var + eps) · weight + bias`, in place.
+fn layer_norm(row: &mut [f32], norm: &LayerNorm, eps: f32) {
+    let n = row.len() as f32;
+    let mean = row.iter().sum::<f32>() / n;
+    let var = row.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((x, w), b) in row.iter_mut().zip(&norm.weight).zip(&norm.bias) {
+        *x = (*x - mean) * inv * w + b;
+    }
+}
+
+fn activate(act: Activation, x: f32) -> f32 {
+    match act {
+        Activation::GeluErf => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+        Activation::GeluTanh => {
+            const C: f32 = 0.797_884_6; // sqrt(2/π)
+            let u = C * (x + 0.044_715 * x * x * x);
+            // tanh(u) = 1 - 2 / (e^{2u} + 1)
+            0.5 * x * (2.0 - 2.0 / (ops::exp(2.0 * u) + 1.0))
+        }
+        Activation::Relu => x.max(0.0),
+    }
+}
+
+/// The error function to about 1.5e-7 absolute error (Abramowitz and Stegun 7.1.26).
+fn erf(x: f32) -> f32 {
+    const P: f32 = 0.327_591_1;
+    const A: [f32; 5] = [
+        0.254_829_6,
+        -0.284_496_74,
+        1.421_413_8,
+        -1.453_152_1,
+        1.061_405_4,
+    ];
+    let ax = x.abs();
+    let t = 1.0 / (1.0 + P * ax);
+    let poly = t * (A[0] + t * (A[1] + t * (A[2] + t * (A[3] + t * A[4]))));
+    let y = 1.0 - poly * ops::exp(-ax * ax);
+    y.copysign(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        for (x, want) in [
+            (0.0f32, 0.0f32),
+            (0.5, 0.520_499_9),
+            (1.0, 0.842_700_8),
+            (-1.0, -0.842_700_8),
+            (2.0, 0.995_322_3),
+            (-3.5, -0.999_999_3),
+        ] {
+            assert!((erf(x) - want).abs() < 3e-7, "erf({x}) = {}", erf(x));
+        }
+    }
+
+    #[test]
+    fn gelu_variants_agree_roughly() {
+        for x in [-3.0f32, -1.0, -0.1, 0.0, 0.3, 1.0, 2.5] {
+            let exact = activate(Activation::GeluErf, x);
+            let tanh = activate(Activation::GeluTanh, x);
+            assert!((exact - tanh).abs() < 2e-3, "{x}: {exact} vs {tanh}");
+        }
+        assert_eq!(activate(Activation::Relu, -2.0), 0.0);
+        assert_eq!(activate(Activation::GeluErf, 0.0), 0.0);
+    }
+
+    #[test]
+    fn outliers_are_chosen_per_row_and_capped() {
+        let k = 64;
+        let mut x = vec![0.5f32; 3 * k];
+        x[5] = 20.0; // row 0: one outlier
+        x[k + 7] = -30.0; // row 1: three outliers, over the cap of two
+        x[k + 40] = 25.0;
+        x[k + 41] = 10.0;
+        let o = Outliers::find(&x, 3, k);
+        assert_eq!(o.of(0), &[5]);
+        assert_eq!(o.of(1), &[7, 40], "the largest two, largest first");
+        assert!(o.of(2).is_empty());
+        assert!(!o.is_empty());
+        assert!(Outliers::find(&vec![1.0; 2 * k], 2, k).is_empty());
+    }
+
+    #[test]
+    fn layer_norm_centres_and_scales() {
+        let norm = LayerNorm {
+            weight: vec![2.0; 4],
+            bias: vec![1.0; 4],
+        };
+        let mut row = [1.0f32, 2.0, 3.0, 4.0];
+        layer_norm(&mut row, &norm, 0.0);
+        let mean: f32 = row.iter().sum::<f32>() / 4.0;
+        assert!((mean - 1.0).abs() < 1e-6);
+        let sd = (row.iter().map(|x| (x - 1.0).powi(2)).sum::<f32>() / 4.0).sqrt();
+        assert!((sd - 2.0).abs() < 1e-5);
+    }
+}
