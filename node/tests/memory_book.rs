@@ -415,3 +415,73 @@ async fn eval_metrics_on_a_toy_file() {
     let bad = vec![q("x", "geo", "missing")];
     assert!(evaluate(&memories, &bad, None, false).await.is_err());
 }
+
+#[tokio::test]
+async fn an_answer_filed_under_the_wrong_prompt_is_refused() {
+    use starling_node::memory::admission::precheck_embedding;
+    use starling_node::memory::{AdmissionConfig, Rejection};
+
+    let e = embedder();
+    let b = book(Store::open_in_memory().unwrap(), &e).await;
+    let pool = [
+        (
+            "How do volcanoes form?",
+            "Magma rises through the crust and erupts at weak points.",
+        ),
+        (
+            "Why do cats purr?",
+            "Cats purr by vibrating their laryngeal muscles, often when content.",
+        ),
+        (
+            "What causes tides?",
+            "The Moon's gravity pulls the oceans, raising and lowering the sea.",
+        ),
+        (
+            "How does a bicycle stay upright?",
+            "Steering corrections and trail keep it balanced.",
+        ),
+        (
+            "Why is bread crusty?",
+            "The Maillard reaction browns and hardens the outside while baking.",
+        ),
+        (
+            "How do bees make honey?",
+            "Bees evaporate nectar and add enzymes, storing it in combs.",
+        ),
+    ];
+    for (i, (p, a)) in pool.iter().enumerate() {
+        let m = mem(&format!("m{i}"), "alice", "general", p, a, 8.0);
+        assert!(matches!(
+            b.insert(m, None).await.unwrap(),
+            Inserted::Added(_)
+        ));
+    }
+    let config = AdmissionConfig::default();
+    let prompt = "How do airplanes stay in the air?";
+    let own = "Wings deflect air downwards and the pressure difference lifts the airplane.";
+    let verdict = precheck_embedding(&b, &config, "general", prompt, own)
+        .await
+        .unwrap();
+    assert!(verdict.is_ok(), "{verdict:?}");
+    // The answer to another question of the same domain.
+    let other = "Rain forms when water vapour condenses into droplets that grow heavy and fall.";
+    let verdict = precheck_embedding(&b, &config, "general", prompt, other)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            verdict,
+            Err(Rejection::Mismatched { .. }) | Err(Rejection::Unrelated { .. })
+        ),
+        "{verdict:?}"
+    );
+    // Below `min_pool` memories the mismatch check does not apply.
+    let small = book(Store::open_in_memory().unwrap(), &e).await;
+    let verdict = precheck_embedding(&small, &config, "general", prompt, other)
+        .await
+        .unwrap();
+    assert!(
+        !matches!(verdict, Err(Rejection::Mismatched { .. })),
+        "{verdict:?}"
+    );
+}

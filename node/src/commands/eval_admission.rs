@@ -224,7 +224,9 @@ impl Stage {
     fn of(r: &Rejection) -> Self {
         match r {
             Rejection::Invalid(_) | Rejection::Echo | Rejection::Truncated(_) => Stage::Text,
-            Rejection::OffDomain { .. } | Rejection::Unrelated { .. } => Stage::Embedding,
+            Rejection::OffDomain { .. }
+            | Rejection::Unrelated { .. }
+            | Rejection::Mismatched { .. } => Stage::Embedding,
             Rejection::LowScore { .. } | Rejection::Duplicate { .. } => Stage::Score,
         }
     }

@@ -1,8 +1,9 @@
 //! Admission: which prompt–answer pairs become shared memories.
 //!
 //! Cheap deterministic checks run first ([`precheck`]): empty or echoed answers, answers that
-//! look cut off, answers unrelated to their prompt and prompts far from the domain's existing
-//! pool (by embedding). Pairs that pass are scored by the node's LLM against the domain's
+//! look cut off, answers unrelated to their prompt, answers that fit the domain's other
+//! prompts as well as their own (a mismatched pair) and prompts far from the domain's
+//! existing pool (by embedding). Pairs that pass are scored by the node's LLM against the domain's
 //! rubric ([`score_pair`]), with the output constrained to one integer 0..10, and kept when
 //! the score reaches the threshold. A manual add (CLI/API) skips the LLM score but not the
 //! checks.
@@ -25,6 +26,9 @@ pub struct AdmissionConfig {
     pub min_pool: usize,
     /// An answer whose cosine with its prompt is below this is unrelated to it.
     pub unrelated_cosine: f32,
+    /// An answer must be closer to its own prompt than to the domain's prompts on average,
+    /// by at least this cosine (only checked once the domain has `min_pool` memories).
+    pub mismatch_margin: f32,
     /// Score given to manual adds that name none.
     pub manual_score: f32,
 }
@@ -32,10 +36,11 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     fn default() -> Self {
         Self {
-            threshold: 6.0,
+            threshold: 2.0,
             off_domain_cosine: 0.2,
             min_pool: 5,
             unrelated_cosine: 0.05,
+            mismatch_margin: 0.1,
             manual_score: 8.0,
         }
     }
@@ -66,6 +71,18 @@ pub enum Rejection {
     Unrelated {
         /// Cosine of prompt and answer.
         cosine: f32,
+    },
+    /// The answer relates to the domain's other prompts about as well as to its own: it
+    /// most likely answers a different request.
+    #[error(
+        "the answer does not single out its prompt (similarity {cosine:.2} to it, \
+         {others:.2} to the domain's prompts on average)"
+    )]
+    Mismatched {
+        /// Cosine of prompt and answer.
+        cosine: f32,
+        /// Mean cosine of the answer with the domain's prompts.
+        others: f32,
     },
     /// The LLM's rubric score is below the threshold.
     #[error("score {score}/10 is below the threshold {threshold}")]
@@ -178,11 +195,40 @@ pub fn truncation(answer: &str) -> Option<&'static str> {
             }
         }
     }
+    if unfinished_prose(t.lines().last().unwrap_or_default()) {
+        return Some("prose without a full stop");
+    }
     None
 }
 
-/// Embedding checks: the answer must relate to the prompt, and the prompt to the domain's
-/// pool (once it has `min_pool` memories). Returns the prompt embedding for reuse.
+/// Whether `line` is a sentence of prose (six or more words, at least 80% of them plain
+/// words) that stops on a letter with no full stop. Lists, headings, code, numbers, quotes
+/// and short lines legitimately end without one, so they never count.
+fn unfinished_prose(line: &str) -> bool {
+    let line = line.trim();
+    let list_item = line.starts_with(['-', '*', '•', '#', '>', '|'])
+        || line
+            .split_once(['.', ')'])
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+    if list_item || line.contains('`') || !line.ends_with(char::is_alphabetic) {
+        return false;
+    }
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let plain = words
+        .iter()
+        .filter(|w| {
+            let w = w.trim_end_matches([',', ';', ':']);
+            w.starts_with(char::is_alphabetic)
+                && w.chars()
+                    .all(|c| c.is_alphabetic() || c == '\'' || c == '-')
+        })
+        .count();
+    words.len() >= 6 && plain * 5 >= words.len() * 4
+}
+
+/// Embedding checks: the answer must relate to the prompt, more than to the domain's other
+/// prompts on average, and the prompt to the domain's pool (the last two once the domain
+/// has `min_pool` memories). Returns the prompt embedding for reuse.
 pub async fn precheck_embedding(
     book: &MemoryBook,
     config: &AdmissionConfig,
@@ -201,6 +247,13 @@ pub async fn precheck_embedding(
     let cosine = MemoryBook::cosine(&p, &a);
     if cosine < config.unrelated_cosine {
         return Ok(Err(Rejection::Unrelated { cosine }));
+    }
+    // A good answer is about its own request more than about the domain's requests in
+    // general; an answer that was filed under the wrong prompt is not.
+    if let Some((others, n)) = book.mean_prompt_cosine(domain, &a) {
+        if n >= config.min_pool && cosine - others < config.mismatch_margin {
+            return Ok(Err(Rejection::Mismatched { cosine, others }));
+        }
     }
     if let Some((centroid, n)) = book.centroid(domain) {
         if n >= config.min_pool {
@@ -385,5 +438,23 @@ mod tests {
             Err(Rejection::Truncated(_))
         ));
         assert!(precheck_text("general", "Where to?", "to").is_ok());
+        assert_eq!(
+            truncation(
+                "Blue light scatters more. Short blue wavelengths scatter much more than red ones"
+            ),
+            Some("prose without a full stop")
+        );
+        for fine in [
+            "Short blue wavelengths scatter much more than red ones.",
+            "Paris",
+            "The answer is 42",
+            "Title: Dune\nAuthor: Frank Herbert\nYear: 1965",
+            "Steps:\n1. Preheat the oven to a high temperature\n2. Bake the bread until it is golden brown",
+            "- keep the list in insertion order with a dict",
+            "Use `sorted(xs, key=len)` to sort them by their length in place",
+            "東京は日本の首都です",
+        ] {
+            assert_eq!(truncation(fine), None, "{fine:?}");
+        }
     }
 }

@@ -1083,6 +1083,25 @@ impl MemoryBook {
         unit(sum).map(|c| (c, n))
     }
 
+    /// Mean cosine of the unit vector `v` with the prompts of `domain`'s memories, and how
+    /// many there are (`None` without an embedder or when the domain has none).
+    pub fn mean_prompt_cosine(&self, domain: &str, v: &[f32]) -> Option<(f32, usize)> {
+        self.0.embedder.as_ref()?;
+        if v.len() != self.0.dim {
+            return None;
+        }
+        let st = self.read();
+        let (sum, n) = st
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| s.memory.domain == domain && s.embedding.len() == self.0.dim)
+            .fold((0f32, 0usize), |(sum, n), s| {
+                (sum + dot(v, &s.embedding), n + 1)
+            });
+        (n > 0).then(|| (sum / n as f32, n))
+    }
+
     /// Cosine of two unit vectors (0 when either is empty).
     pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
         if a.is_empty() || a.len() != b.len() {
