@@ -163,7 +163,7 @@ impl BertEmbedder {
             let source = |name: &str, dims: &[usize]| tensor_values(&tensors, name, dims);
             let prefix = weight_prefix(&config, |name| tensors.contains_key(name));
             let threads = candle_core::utils::get_num_threads();
-            let cpu = CpuBert::load(kernel_shape(&config)?, &prefix, &source, threads).map_err(
+            let cpu = CpuBert::load(kernel_shape(&config), &prefix, &source, threads).map_err(
                 |reason| EmbedError::Corrupt {
                     path: weights_path.clone(),
                     reason,
@@ -365,9 +365,8 @@ fn backend_of(encoder: &Encoder) -> EmbedBackend {
 
 /// Whether `backend` means the CPU kernels for a model with `config`.
 fn use_kernels(backend: EmbedBackend, config: &Config) -> Result<bool, EmbedError> {
-    let supported = kernel_shape(config).and_then(|shape| {
-        CpuBert::supports(&shape).map_err(|e| EmbedError::Unsupported(format!("CPU kernels: {e}")))
-    });
+    let supported = CpuBert::supports(&kernel_shape(config))
+        .map_err(|e| EmbedError::Unsupported(format!("CPU kernels: {e}")));
     match backend {
         EmbedBackend::Candle => Ok(false),
         EmbedBackend::Kernels => supported.map(|()| true),
@@ -377,8 +376,8 @@ fn use_kernels(backend: EmbedBackend, config: &Config) -> Result<bool, EmbedErro
     }
 }
 
-fn kernel_shape(config: &Config) -> Result<BertShape, EmbedError> {
-    Ok(BertShape {
+fn kernel_shape(config: &Config) -> BertShape {
+    BertShape {
         vocab: config.vocab_size,
         hidden: config.hidden_size,
         layers: config.num_hidden_layers,
@@ -392,7 +391,7 @@ fn kernel_shape(config: &Config) -> Result<BertShape, EmbedError> {
             HiddenAct::GeluApproximate => Activation::GeluTanh,
             HiddenAct::Relu => Activation::Relu,
         },
-    })
+    }
 }
 
 /// The prefix of the checkpoint's tensor names: none, or the model type (`bert.`) for

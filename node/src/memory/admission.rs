@@ -10,7 +10,7 @@
 
 use starling_models::chat::ChatMessage;
 
-use super::book::{Inserted, MemoryBook};
+use super::book::{dot, unit, Inserted, MemoryBook};
 use super::record::{normalize_text, validate_domain, MemoryBody, MemoryError};
 use crate::agent::llm::{Llm, LlmError};
 
@@ -248,22 +248,25 @@ pub async fn precheck_embedding(
     if cosine < config.unrelated_cosine {
         return Ok(Err(Rejection::Unrelated { cosine }));
     }
+    let Some((sum, n)) = book.prompt_sum(domain) else {
+        return Ok(Ok(p));
+    };
+    if n < config.min_pool {
+        return Ok(Ok(p));
+    }
     // A good answer is about its own request more than about the domain's requests in
     // general; an answer that was filed under the wrong prompt is not.
-    if let Some((others, n)) = book.mean_prompt_cosine(domain, &a) {
-        if n >= config.min_pool && cosine - others < config.mismatch_margin {
-            return Ok(Err(Rejection::Mismatched { cosine, others }));
-        }
+    let others = dot(&a, &sum) / n as f32;
+    if cosine - others < config.mismatch_margin {
+        return Ok(Err(Rejection::Mismatched { cosine, others }));
     }
-    if let Some((centroid, n)) = book.centroid(domain) {
-        if n >= config.min_pool {
-            let cosine = MemoryBook::cosine(&p, &centroid);
-            if cosine < config.off_domain_cosine {
-                return Ok(Err(Rejection::OffDomain {
-                    cosine,
-                    min: config.off_domain_cosine,
-                }));
-            }
+    if let Some(centroid) = unit(sum) {
+        let cosine = MemoryBook::cosine(&p, &centroid);
+        if cosine < config.off_domain_cosine {
+            return Ok(Err(Rejection::OffDomain {
+                cosine,
+                min: config.off_domain_cosine,
+            }));
         }
     }
     Ok(Ok(p))

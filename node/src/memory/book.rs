@@ -231,11 +231,11 @@ fn now_ms() -> i64 {
     starling_discovery::records::now_ms() as i64
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-fn unit(mut v: Vec<f32>) -> Option<Vec<f32>> {
+pub(crate) fn unit(mut v: Vec<f32>) -> Option<Vec<f32>> {
     let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
     if !n.is_finite() || n == 0.0 {
         return None;
@@ -1067,9 +1067,10 @@ impl MemoryBook {
         }
     }
 
-    /// Mean unit embedding of a domain's prompts and how many there are (for the off-domain
-    /// check); `None` without an embedder or for an empty domain.
-    pub fn centroid(&self, domain: &str) -> Option<(Vec<f32>, usize)> {
+    /// The sum of the prompt embeddings of `domain`'s memories and how many there are
+    /// (`None` without an embedder or when the domain has none). Its direction is the
+    /// domain's centroid; `v · sum / n` is the mean cosine of a unit vector `v` with them.
+    pub fn prompt_sum(&self, domain: &str) -> Option<(Vec<f32>, usize)> {
         self.0.embedder.as_ref()?;
         let st = self.read();
         let mut sum = vec![0.0f32; self.0.dim];
@@ -1080,26 +1081,7 @@ impl MemoryBook {
                 n += 1;
             }
         }
-        unit(sum).map(|c| (c, n))
-    }
-
-    /// Mean cosine of the unit vector `v` with the prompts of `domain`'s memories, and how
-    /// many there are (`None` without an embedder or when the domain has none).
-    pub fn mean_prompt_cosine(&self, domain: &str, v: &[f32]) -> Option<(f32, usize)> {
-        self.0.embedder.as_ref()?;
-        if v.len() != self.0.dim {
-            return None;
-        }
-        let st = self.read();
-        let (sum, n) = st
-            .slots
-            .iter()
-            .flatten()
-            .filter(|s| s.memory.domain == domain && s.embedding.len() == self.0.dim)
-            .fold((0f32, 0usize), |(sum, n), s| {
-                (sum + dot(v, &s.embedding), n + 1)
-            });
-        (n > 0).then(|| (sum / n as f32, n))
+        (n > 0).then_some((sum, n))
     }
 
     /// Cosine of two unit vectors (0 when either is empty).

@@ -256,18 +256,13 @@ impl CpuBert {
             self.rows(&mut qkv, 3 * h, &|_, row| add(row, &layer.qkv.bias));
             self.attention(&qkv, &spans, &mut att);
 
-            self.project(
+            self.residual(
                 &layer.attn_out,
                 &att,
-                tokens,
+                &layer.attn_norm,
                 &mut scratch,
                 &mut x,
-                Epilogue::Add,
             );
-            self.rows(&mut x, h, &|_, row| {
-                add(row, &layer.attn_out.bias);
-                layer_norm(row, &layer.attn_norm, s.eps);
-            });
 
             self.project(
                 &layer.up,
@@ -284,20 +279,27 @@ impl CpuBert {
                 }
             });
 
-            self.project(
-                &layer.down,
-                &ffn,
-                tokens,
-                &mut scratch,
-                &mut x,
-                Epilogue::Add,
-            );
-            self.rows(&mut x, h, &|_, row| {
-                add(row, &layer.down.bias);
-                layer_norm(row, &layer.out_norm, s.eps);
-            });
+            self.residual(&layer.down, &ffn, &layer.out_norm, &mut scratch, &mut x);
         }
         Ok(x)
+    }
+
+    /// A residual sub-layer with BERT's post-norm: `x = LayerNorm(x + W·input + b)`.
+    fn residual(
+        &self,
+        l: &Linear,
+        input: &[f32],
+        norm: &LayerNorm,
+        scratch: &mut Scratch,
+        x: &mut [f32],
+    ) {
+        let h = self.shape.hidden;
+        let tokens = x.len() / h;
+        self.project(l, input, tokens, scratch, x, Epilogue::Add);
+        self.rows(x, h, &|_, row| {
+            add(row, &l.bias);
+            layer_norm(row, norm, self.shape.eps);
+        });
     }
 
     /// `out (=|+=) W·x` for the `tokens` rows of `x`. Columns of `x` whose magnitude stands
