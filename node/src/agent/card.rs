@@ -13,12 +13,14 @@ use serde::{Deserialize, Serialize};
 use starling_discovery::Record;
 
 use crate::config::{AgentKind, NodeConfig};
-use crate::search::{HybridIndex, HybridOptions};
+use crate::search::{passages, HybridIndex, HybridOptions};
 
 /// Record kind of agent cards.
 pub const CARD_KIND: &str = "card";
 /// Longest accepted card body.
 pub const MAX_CARD_BYTES: usize = 16 * 1024;
+/// Most passages of a card that are embedded one by one ([`AgentCard::passages`]).
+pub const CARD_PASSAGES: usize = 16;
 
 /// An agent card, as published (JSON body of a `card` record).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +86,25 @@ impl AgentCard {
             s = self.name.clone();
         }
         s
+    }
+
+    /// The passages of [`AgentCard::search_text`] that are embedded one by one (see
+    /// [`crate::search`], "Passages"): each sentence of the description (consecutive ones
+    /// joined when there are more than [`CARD_PASSAGES`] - 1), then the skills as one
+    /// passage. A card with neither embeds its name.
+    pub fn passages(&self) -> Vec<String> {
+        let mut out = if self.description.trim().is_empty() {
+            Vec::new()
+        } else {
+            passages(&self.description, CARD_PASSAGES - 1)
+        };
+        if !self.skills.is_empty() {
+            out.push(format!("Skills: {}.", self.skills.join(", ")));
+        }
+        if out.is_empty() {
+            out.push(self.name.clone());
+        }
+        out
     }
 
     /// The text that is indexed for keyword search: the name (so that a search for it finds
@@ -171,7 +192,7 @@ impl CardBook {
     }
 
     /// Adds or replaces the card of `node_id` if `published_ms` is newer than what the book
-    /// has. `embedding` is the card's [`AgentCard::search_text`] embedded (empty when there
+    /// has. `embeddings` are the card's [`AgentCard::passages`] embedded (none when there
     /// is no embedder); its [`AgentCard::index_text`] is indexed for BM25. Returns whether
     /// the book changed.
     pub fn upsert(
@@ -179,7 +200,7 @@ impl CardBook {
         node_id: &str,
         published_ms: u64,
         card: AgentCard,
-        embedding: Vec<f32>,
+        embeddings: Vec<Vec<f32>>,
     ) -> bool {
         let key = key_of(node_id);
         if let Some(old) = self.cards.get(&key) {
@@ -188,16 +209,17 @@ impl CardBook {
             }
         }
         let text = card.index_text();
-        let vector = if embedding.len() == self.index.dim() {
-            embedding
+        let dim = self.index.dim();
+        let vectors = if !embeddings.is_empty() && embeddings.iter().all(|e| e.len() == dim) {
+            embeddings
         } else {
             // No embedder (or a mismatched one): a constant unit vector keeps the entry
             // searchable by text; its cosine then carries no signal.
-            let mut v = vec![0.0; self.index.dim()];
+            let mut v = vec![0.0; dim];
             v[0] = 1.0;
-            v
+            vec![v]
         };
-        if let Err(e) = self.index.insert(key, &text, vector) {
+        if let Err(e) = self.index.insert_passages(key, &text, vectors) {
             tracing::warn!(node = node_id, error = %e, "card not indexed");
             return false;
         }
@@ -300,20 +322,25 @@ mod tests {
             "n1",
             10,
             card("alice", "botany and plants", &["gardening"]),
-            vec![1.0, 0.0]
+            vec![vec![1.0, 0.0]]
         ));
         assert!(b.upsert(
             "n2",
             10,
             card("bob", "astronomy and telescopes", &["stars"]),
-            vec![0.0, 1.0]
+            vec![vec![0.0, 1.0]]
         ));
-        assert!(!b.upsert("n1", 5, card("alice-old", "cooking", &[]), vec![1.0, 0.0]));
+        assert!(!b.upsert(
+            "n1",
+            5,
+            card("alice-old", "cooking", &[]),
+            vec![vec![1.0, 0.0]]
+        ));
         assert!(b.upsert(
             "n1",
             20,
             card("alice", "orchids", &["greenhouse"]),
-            vec![1.0, 0.0]
+            vec![vec![1.0, 0.0]]
         ));
         assert_eq!(b.len(), 2);
         assert_eq!(b.get("n1").unwrap().card.description, "orchids");
@@ -337,10 +364,29 @@ mod tests {
             "Lexi. translates contracts Skills: German, French."
         );
         assert_eq!(card("Bare", " ", &[]).search_text(), "Bare");
+        assert_eq!(card("Bare", " ", &[]).passages(), vec!["Bare"]);
+        assert_eq!(
+            card(
+                "Lexi",
+                "Translates contracts. Has also done menus.",
+                &["German"]
+            )
+            .passages(),
+            vec![
+                "Translates contracts.",
+                "Has also done menus.",
+                "Skills: German."
+            ]
+        );
         // A search for the name finds the card by keyword.
         let mut b = CardBook::new(2);
-        b.upsert("n1", 1, c, vec![1.0, 0.0]);
-        b.upsert("n2", 1, card("Other", "plans events", &[]), vec![0.0, 1.0]);
+        b.upsert("n1", 1, c, vec![vec![1.0, 0.0]]);
+        b.upsert(
+            "n2",
+            1,
+            card("Other", "plans events", &[]),
+            vec![vec![0.0, 1.0]],
+        );
         assert_eq!(b.search("lexi", &[], 1, &[])[0].card.node_id, "n1");
     }
 

@@ -467,14 +467,20 @@ impl Agent {
     }
 
     async fn embed_one(&self, text: &str) -> Vec<f32> {
+        self.embed_many(vec![text.to_owned()])
+            .await
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Embeds `texts` in one batch; none when there is no embedder or it fails (the caller
+    /// then searches or indexes by text only).
+    async fn embed_many(&self, texts: Vec<String>) -> Vec<Vec<f32>> {
         match &self.0.embedder {
-            Some(e) => match e.embed(vec![text.to_owned()]).await {
-                Ok(mut v) => v.pop().unwrap_or_default(),
-                Err(err) => {
-                    tracing::warn!(error = %err, "embedding failed; searching by text only");
-                    Vec::new()
-                }
-            },
+            Some(e) => e.embed(texts).await.unwrap_or_else(|err| {
+                tracing::warn!(error = %err, "embedding failed; using text only");
+                Vec::new()
+            }),
             None => Vec::new(),
         }
     }
@@ -487,7 +493,7 @@ impl Agent {
                 return;
             }
         };
-        let v = self.embed_one(&card.search_text()).await;
+        let v = self.embed_many(card.passages()).await;
         let author = r.author().to_string();
         let name = card.name.clone();
         if self.cards().upsert(&author, r.timestamp_ms(), card, v) {

@@ -15,7 +15,7 @@ use crate::cli::ModelArgs;
 use crate::eval::formation_loop::{self, FormationReport, RegistrySearch};
 use crate::eval::synth::{self, SynthConfig};
 use crate::eval::team_formation::{
-    self, card_text, Dataset, Metrics, RetrievalConfig, RetrievalReport,
+    self, card_passages, Dataset, Metrics, RetrievalConfig, RetrievalReport,
 };
 
 /// The Internet of Agents paper's figures for its regular team formation (Top@1, Top@10,
@@ -205,10 +205,27 @@ pub fn embed_texts(
     Ok(out)
 }
 
-/// Embeds every card of the registry.
-pub fn embed_cards(dataset: &Dataset, embedder: &dyn Embedder) -> anyhow::Result<Vec<Vec<f32>>> {
-    let cards: Vec<String> = dataset.registry.iter().map(card_text).collect();
-    embed_texts(embedder, &cards, "cards")
+/// Embeds groups of texts (flattened into batches), keeping the grouping.
+pub fn embed_groups(
+    embedder: &dyn Embedder,
+    groups: &[Vec<String>],
+    label: &str,
+) -> anyhow::Result<Vec<Vec<Vec<f32>>>> {
+    let flat: Vec<String> = groups.iter().flatten().cloned().collect();
+    let mut vectors = embed_texts(embedder, &flat, label)?.into_iter();
+    Ok(groups
+        .iter()
+        .map(|g| vectors.by_ref().take(g.len()).collect())
+        .collect())
+}
+
+/// Embeds every card of the registry, one vector per passage ([`card_passages`]).
+pub fn embed_cards(
+    dataset: &Dataset,
+    embedder: &dyn Embedder,
+) -> anyhow::Result<Vec<Vec<Vec<f32>>>> {
+    let cards: Vec<Vec<String>> = dataset.registry.iter().map(card_passages).collect();
+    embed_groups(embedder, &cards, "cards")
 }
 
 /// Embeds the tasks' requirements and evaluates retrieval over the cards (embedded with
@@ -216,7 +233,7 @@ pub fn embed_cards(dataset: &Dataset, embedder: &dyn Embedder) -> anyhow::Result
 pub fn team_formation_report(
     dataset: &Dataset,
     embedder: &dyn Embedder,
-    card_vectors: &[Vec<f32>],
+    card_vectors: &[Vec<Vec<f32>>],
     config: &RetrievalConfig,
 ) -> anyhow::Result<RetrievalReport> {
     let queries: Vec<Vec<String>> = dataset
@@ -224,17 +241,12 @@ pub fn team_formation_report(
         .iter()
         .map(|t| team_formation::split_requirements(&t.description))
         .collect();
-    let flat: Vec<String> = queries.iter().flatten().cloned().collect();
     let start = std::time::Instant::now();
-    let mut flat_vectors = embed_texts(embedder, &flat, "queries")?.into_iter();
-    let query_vectors: Vec<Vec<Vec<f32>>> = queries
-        .iter()
-        .map(|q| flat_vectors.by_ref().take(q.len()).collect())
-        .collect();
+    let query_vectors = embed_groups(embedder, &queries, "queries")?;
     tracing::info!(
-        texts = flat.len(),
+        texts = query_vectors.iter().map(Vec::len).sum::<usize>(),
         secs = start.elapsed().as_secs_f64(),
-        "embedded cards and task requirements"
+        "embedded task requirements"
     );
     Ok(team_formation::evaluate_retrieval(
         dataset,
@@ -364,7 +376,7 @@ fn run_full(
     home: &Path,
     args: &TeamFormationArgs,
     dataset: &Dataset,
-    card_vectors: &[Vec<f32>],
+    card_vectors: &[Vec<Vec<f32>>],
     embedder: BertEmbedder,
 ) -> anyhow::Result<FormationReport> {
     let engine = super::load_engine(home, &args.model)?;

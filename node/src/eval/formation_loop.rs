@@ -16,12 +16,11 @@ use std::sync::Mutex;
 use serde::Serialize;
 use starling_models::embed::Embedder;
 
-use super::team_formation::{card_index_text, Dataset, EvalError};
+use super::team_formation::{agent_card, card_index_text, Dataset, EvalError};
 use super::AgentRecord;
-use crate::agent::card::{AgentCard, CardHit, KnownCard};
+use crate::agent::card::{CardHit, KnownCard};
 use crate::agent::formation::{form_team, AgentSearch, FormationConfig, ToolCall};
 use crate::agent::llm::{Llm, LlmError};
-use crate::config::AgentKind;
 use crate::search::{HybridIndex, HybridOptions};
 
 /// The registry of a benchmark behind the [`AgentSearch`] the formation loop uses: the
@@ -42,10 +41,11 @@ impl<E: Embedder> std::fmt::Debug for RegistrySearch<'_, E> {
 }
 
 impl<'a, E: Embedder> RegistrySearch<'a, E> {
-    /// Indexes `registry` with `card_vectors` (one per agent, from `embedder`).
+    /// Indexes `registry` with `card_vectors` (the passages' embeddings of each agent, from
+    /// `embedder`).
     pub fn new(
         registry: &'a [AgentRecord],
-        card_vectors: &[Vec<f32>],
+        card_vectors: &[Vec<Vec<f32>>],
         embedder: E,
     ) -> Result<Self, EvalError> {
         if card_vectors.len() != registry.len() {
@@ -56,7 +56,7 @@ impl<'a, E: Embedder> RegistrySearch<'a, E> {
         }
         let mut index = HybridIndex::new(embedder.dim());
         for (i, (agent, v)) in registry.iter().zip(card_vectors).enumerate() {
-            index.insert(i as u64, &card_index_text(agent), v.clone())?;
+            index.insert_passages(i as u64, &card_index_text(agent), v.clone())?;
         }
         Ok(Self {
             registry,
@@ -84,23 +84,11 @@ impl<'a, E: Embedder> RegistrySearch<'a, E> {
             .into_iter()
             .filter_map(|h| {
                 let agent = self.registry.get(h.key as usize)?;
-                let kind = if agent.agent_type.to_ascii_lowercase().contains("human") {
-                    AgentKind::Human
-                } else {
-                    AgentKind::Tool
-                };
                 Some(CardHit {
                     card: KnownCard {
                         node_id: h.key.to_string(),
                         published_ms: 0,
-                        card: AgentCard {
-                            name: agent.agent_name.clone(),
-                            description: agent.agent_description.clone(),
-                            skills: Vec::new(),
-                            kind,
-                            tools: Vec::new(),
-                            models: Vec::new(),
-                        },
+                        card: agent_card(agent),
                     },
                     score: h.score,
                     bm25: h.bm25,

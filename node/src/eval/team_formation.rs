@@ -26,7 +26,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::{AgentRecord, TaskRecord};
-use crate::search::{Bm25Index, Hit, HybridIndex, HybridOptions, MultiQueryOptions, SearchError};
+use crate::agent::card::AgentCard;
+use crate::config::AgentKind;
+use crate::search::{
+    split_sentences, Bm25Index, Hit, HybridIndex, HybridOptions, MultiQueryOptions, SearchError,
+};
 
 /// Why a benchmark file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -173,11 +177,30 @@ impl Dataset {
     }
 }
 
-/// The text of a card that gets embedded: its description, i.e. what the agent does. The
-/// name is an identifier and the type a kind of agent, not a capability; in the embedding
-/// they only pull together cards that happen to share a type or similar-sounding names.
-pub fn card_text(agent: &AgentRecord) -> String {
-    agent.agent_description.clone()
+/// The agent as a node's card: its description, no skills, and its kind from its type.
+pub fn agent_card(agent: &AgentRecord) -> AgentCard {
+    let kind = if agent.agent_type.to_ascii_lowercase().contains("human") {
+        AgentKind::Human
+    } else {
+        AgentKind::Tool
+    };
+    AgentCard {
+        name: agent.agent_name.clone(),
+        description: agent.agent_description.clone(),
+        skills: Vec::new(),
+        kind,
+        tools: Vec::new(),
+        models: Vec::new(),
+    }
+}
+
+/// The passages of a card that get embedded, one vector each, as a node embeds a card
+/// ([`AgentCard::passages`]): the sentences of its description, i.e. what the agent does.
+/// The name is an identifier and the type a kind of agent, not a capability; in the
+/// embedding they only pull together cards that happen to share a type or similar-sounding
+/// names.
+pub fn card_passages(agent: &AgentRecord) -> Vec<String> {
+    agent_card(agent).passages()
 }
 
 /// The text of a card that gets indexed for BM25: name, type and description (a search for
@@ -281,32 +304,11 @@ where
     }
 }
 
-/// Splits a task description into its sentences (at `.`, `!` or `?` followed by
-/// whitespace), each a separate search query: a team needs one agent per requirement, and
-/// one embedding of a four-requirement text matches none of them well. A semicolon does not
-/// split: it joins clauses of one thought ("translate the contracts; they are in German"),
-/// and a clause on its own loses what the other one says.
+/// Splits a task description into its requirements, one search query each: its sentences
+/// ([`split_sentences`]). A team needs one agent per requirement, and one embedding of a
+/// four-requirement text matches none of them well.
 pub fn split_requirements(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut chars = text.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let boundary =
-            matches!(c, '.' | '!' | '?') && chars.peek().is_none_or(|&(_, n)| n.is_whitespace());
-        if boundary {
-            let end = i + c.len_utf8();
-            let s = text[start..end].trim();
-            if s.chars().any(char::is_alphanumeric) {
-                out.push(s.to_string());
-            }
-            start = end;
-        }
-    }
-    let rest = text[start..].trim();
-    if rest.chars().any(char::is_alphanumeric) {
-        out.push(rest.to_string());
-    }
-    out
+    split_sentences(text)
 }
 
 /// How [`evaluate_retrieval`] searches (defaults: [`MultiQueryOptions::default`]).
@@ -354,20 +356,23 @@ pub struct RetrievalReport {
     pub query_p50_ms: f64,
 }
 
-/// Indexes every card ([`card_index_text`] for BM25, its embedding `card_vectors[i]` of
-/// [`card_text`] for `dataset.registry[i]`) and scores the hybrid search, BM25 alone and the
+/// Indexes every card ([`card_index_text`] for BM25, the embeddings `card_vectors[i]` of
+/// the [`card_passages`] of `dataset.registry[i]`) and scores the hybrid search, BM25 alone and the
 /// cosine alone. The queries of task `i` are its [`split_requirements`], with embeddings
 /// `query_vectors[i]` (one per requirement); the hybrid and the cosine merge them with
 /// [`HybridIndex::search_many`] (per-query softmax, weighted by how well each query matches
 /// anything), BM25 alone by the best raw score per agent.
 pub fn evaluate_retrieval(
     dataset: &Dataset,
-    card_vectors: &[Vec<f32>],
+    card_vectors: &[Vec<Vec<f32>>],
     query_vectors: &[Vec<Vec<f32>>],
     config: &RetrievalConfig,
 ) -> Result<RetrievalReport, EvalError> {
     let n = dataset.registry.len();
-    let dim = card_vectors.first().map_or(0, Vec::len);
+    let dim = card_vectors
+        .first()
+        .and_then(|p| p.first())
+        .map_or(0, Vec::len);
     let queries: Vec<Vec<String>> = dataset
         .tasks
         .iter()
@@ -392,7 +397,7 @@ pub fn evaluate_retrieval(
     let mut bm25 = Bm25Index::new();
     for (i, (agent, v)) in dataset.registry.iter().zip(card_vectors).enumerate() {
         let text = card_index_text(agent);
-        hybrid.insert(i as u64, &text, v.clone())?;
+        hybrid.insert_passages(i as u64, &text, v.clone())?;
         bm25.insert(i as u64, &text);
     }
     let index_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -493,20 +498,6 @@ mod tests {
             },
         ];
         Dataset::from_records(records).unwrap()
-    }
-
-    #[test]
-    fn requirements_are_sentences() {
-        assert_eq!(
-            split_requirements("We need help. First, fix v1.2 now; then ship it!  Done?"),
-            vec![
-                "We need help.",
-                "First, fix v1.2 now; then ship it!",
-                "Done?"
-            ]
-        );
-        assert_eq!(split_requirements("no full stop"), vec!["no full stop"]);
-        assert!(split_requirements(" . ; ").is_empty());
     }
 
     #[test]
