@@ -2,7 +2,7 @@
 //! cyra from `configs/`), a task that needs a fact from basil's documents and one from
 //! cyra's. The conclusion hosted by ada must contain both facts, and every message of the
 //! group must satisfy the chat protocol. Prints the tokens spent, with and without the
-//! repetition guard when `STARLING_DEMO_COMPARE=1`.
+//! repetition guard when `STARLING_DEMO_COMPARE=N` (N runs each, alternating, and the means).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use starling_models::embed::{BertEmbedder, EmbedHandle};
 use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_models::requant::{self, Requantize};
-use starling_node::agent::chat::{Message, MessageType, Task};
+use starling_node::agent::chat::{LostTurnReason, Message, MessageType, Task};
+use starling_node::agent::runtime::AgentEvent;
 use starling_node::commands::demo::{write_personas, DEMO_TASK};
 use starling_node::daemon::{Node, SharedModels, StartOptions};
 
@@ -35,6 +36,8 @@ struct Run {
     tasks: Vec<Task>,
     member_messages: Vec<usize>,
     seconds: f64,
+    /// Turns the repetition guard took away.
+    repeats_rejected: usize,
 }
 
 async fn run_demo(models: &SharedModels, guard: bool) -> Run {
@@ -79,8 +82,23 @@ async fn run_demo(models: &SharedModels, guard: bool) -> Run {
             p + c
         })
         .sum();
+    let mut events = ada.agent.events();
     let started = Instant::now();
     let result = ada.agent.submit(DEMO_TASK).await.expect("demo task");
+    let mut repeats_rejected = 0;
+    loop {
+        match events.try_recv() {
+            Ok(AgentEvent::TurnLost {
+                reason: LostTurnReason::Repetition,
+                ..
+            }) => repeats_rejected += 1,
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
+                panic!("missed {n} agent events")
+            }
+            Err(_) => break,
+        }
+    }
     let seconds = started.elapsed().as_secs_f64();
     let after: u64 = nodes
         .iter()
@@ -130,6 +148,7 @@ async fn run_demo(models: &SharedModels, guard: bool) -> Run {
         tasks,
         member_messages,
         seconds,
+        repeats_rejected,
     }
 }
 
@@ -194,14 +213,35 @@ async fn demo_conclusion_holds_facts_from_both_other_nodes() {
         run.member_messages,
         run.messages.len()
     );
-    if std::env::var("STARLING_DEMO_COMPARE").is_ok_and(|v| v == "1") {
-        let off = run_demo(&models, false).await;
+    // STARLING_DEMO_COMPARE=N: N runs with the guard on (this one first) and N with it off,
+    // alternating, then the means (one run is noisy: sampling and timing vary).
+    let rounds: usize = std::env::var("STARLING_DEMO_COMPARE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if rounds > 0 {
+        let mut on = vec![(run.tokens, run.messages.len(), run.repeats_rejected)];
+        let mut off = Vec::new();
+        for i in 0..rounds {
+            if i > 0 {
+                let r = run_demo(&models, true).await;
+                on.push((r.tokens, r.messages.len(), r.repeats_rejected));
+            }
+            let r = run_demo(&models, false).await;
+            off.push((r.tokens, r.messages.len(), r.repeats_rejected));
+        }
+        let mean = |v: &[(u64, usize, usize)]| {
+            let n = v.len() as f64;
+            (
+                v.iter().map(|x| x.0 as f64).sum::<f64>() / n,
+                v.iter().map(|x| x.1 as f64).sum::<f64>() / n,
+            )
+        };
+        let ((t_on, m_on), (t_off, m_off)) = (mean(&on), mean(&off));
+        println!("repetition guard on (tokens, messages, turns rejected) per run: {on:?}");
+        println!("repetition guard off (tokens, messages, turns rejected) per run: {off:?}");
         println!(
-            "tokens per task: repetition guard on {} ({} messages), off {} ({} messages)",
-            run.tokens,
-            run.messages.len(),
-            off.tokens,
-            off.messages.len()
+            "tokens per task over {rounds} runs each: repetition guard on {t_on:.0} ({m_on:.1} messages), off {t_off:.0} ({m_off:.1} messages)"
         );
     }
 }

@@ -38,10 +38,14 @@
 //!   same content); if that turn is lost too, the machine concludes by itself, so
 //!   [`GroupChat::turn`] never exceeds `max_turns`.
 //! * **Repetition.** A `discuss` or `assign_*` decision whose text (content plus task
-//!   descriptions) is empty, or whose [`similarity`] to an earlier message reaches
-//!   [`ChatConfig::repetition_threshold`], is rejected: the speaker is asked again with the
-//!   reason (the `retry` field of [`Effect::AskSpeaker`]). A second rejection in the same turn loses the turn.
-//!   `pause` and `conclude` are exempt (a conclusion restates results by nature).
+//!   descriptions) is empty, or (with [`ChatConfig::repetition_guard`] on) whose
+//!   [`similarity`] to an earlier message reaches [`ChatConfig::repetition_threshold`], is
+//!   rejected. The speaker is asked again with the reason (the `retry` field of
+//!   [`Effect::AskSpeaker`]) up to [`ChatConfig::repetition_retries`] times (default 0),
+//!   then loses the turn. `pause` and `conclude` are exempt (a conclusion restates results
+//!   by nature). Losing the turn at once is the default because a retry is a whole new
+//!   generation over the same prompt: in the demo a retry with a small model cost more
+//!   tokens than the guard saved (`benches/RESULTS.md`).
 //! * **Lenient normalisation.** Decisions come from models and peers, so they are normalised
 //!   rather than refused: strings are cut to the configured lengths, assignments to unknown or
 //!   departed members are dropped (an assignment left with no task becomes `discuss`), a type
@@ -88,11 +92,17 @@ pub struct ChatConfig {
     pub turn_timeout_ms: u64,
     /// How long an assignee has to report a task result.
     pub task_timeout_ms: u64,
+    /// Whether turns that only repeat earlier messages are rejected (empty turns always
+    /// are).
+    pub repetition_guard: bool,
     /// A turn whose [`similarity`] to an earlier message is at least this is a repetition.
     /// In `(0, 1]`.
     pub repetition_threshold: f64,
     /// Words per shingle in [`similarity`]. At least 1.
     pub shingle_words: usize,
+    /// Times a speaker whose turn was rejected (repetition, empty) is asked again, with the
+    /// reason, before the turn is lost. Each retry is one more full generation.
+    pub repetition_retries: u32,
     /// Consecutive missed turns after which a member is treated as down; 0 never does.
     pub max_missed_turns: u32,
     /// Longest message content, in characters.
@@ -110,8 +120,10 @@ impl Default for ChatConfig {
         Self {
             turn_timeout_ms: 120_000,
             task_timeout_ms: 30 * 60_000,
+            repetition_guard: true,
             repetition_threshold: 0.75,
             shingle_words: 2,
+            repetition_retries: 0,
             max_missed_turns: 2,
             max_content_chars: 4000,
             max_task_desc_chars: 2000,
@@ -484,7 +496,8 @@ pub enum Rejection {
 pub enum LostTurnReason {
     /// No decision before the deadline.
     Timeout,
-    /// Repeated itself twice in the turn.
+    /// Only repeated earlier content (or said nothing), on every try
+    /// ([`ChatConfig::repetition_retries`]).
     Repetition,
     /// Went down while asked.
     MemberDown,
@@ -708,7 +721,7 @@ struct Ask {
     turn: u32,
     allowed: Vec<DecisionType>,
     deadline: Millis,
-    retried: bool,
+    retries: u32,
     forced: Option<ConclusionReason>,
     schema: Value,
 }
@@ -1003,7 +1016,7 @@ impl GroupChat {
         };
         let forced = ask.forced.or(self.ending);
         let allowed_kind = ask.allowed.contains(&decision.msg_type);
-        let retried = ask.retried;
+        let retries = ask.retries;
         let mut d = self.normalise(decision);
         let named = self.valid_next_speakers(&from, &d.next_speakers);
         let running = self.running_ids(|_| true);
@@ -1031,8 +1044,8 @@ impl GroupChat {
             DecisionType::Discuss | DecisionType::AssignSync | DecisionType::AssignAsync
         ) {
             if let Some(rejection) = self.repetition(&d) {
-                if retried {
-                    debug!(group = %self.group_id, member = %from, ?rejection, "repeated twice: turn lost");
+                if retries >= self.config.repetition_retries {
+                    debug!(group = %self.group_id, member = %from, ?rejection, "repetition: turn lost");
                     self.lose_turn(from, LostTurnReason::Repetition, now);
                 } else {
                     debug!(group = %self.group_id, member = %from, ?rejection, "repetition: asking again");
@@ -1257,7 +1270,7 @@ impl GroupChat {
             turn: self.turn + 1,
             allowed,
             deadline: now.saturating_add(self.config.turn_timeout_ms),
-            retried: false,
+            retries: 0,
             forced,
             schema,
         };
@@ -1270,7 +1283,7 @@ impl GroupChat {
     fn retry(&mut self, rejection: Rejection, now: Millis) {
         let deadline = now.saturating_add(self.config.turn_timeout_ms);
         if let Some(ask) = self.asking.as_mut() {
-            ask.retried = true;
+            ask.retries += 1;
             ask.deadline = deadline;
             let effect = ask_effect(ask, Some(rejection));
             self.effects.push_back(effect);
@@ -1568,6 +1581,9 @@ impl GroupChat {
         let mine = shingles(&text, k);
         if mine.is_empty() {
             return Some(Rejection::Empty);
+        }
+        if !self.config.repetition_guard {
+            return None;
         }
         let mut best: Option<(u64, f64)> = None;
         for m in &self.messages {
@@ -2332,7 +2348,10 @@ mod tests {
 
     #[test]
     fn repetition_is_rejected_once_then_the_turn_is_lost() {
-        let (mut chat, _) = launch(&["a", "b", "c"], 10);
+        let mut p = params(&["a", "b", "c"], 10);
+        p.config.repetition_retries = 1;
+        let mut chat = GroupChat::launch(p, T0).unwrap();
+        drain(&mut chat);
         say(
             &mut chat,
             "a",
@@ -2398,6 +2417,40 @@ mod tests {
     }
 
     #[test]
+    fn by_default_a_repetition_loses_the_turn_at_once_and_the_guard_can_be_off() {
+        let line = "We should take the train to Lyon on Friday morning.";
+        let (mut chat, _) = launch(&["a", "b", "c"], 10);
+        say(&mut chat, "a", discuss(line, &["b"]), T0);
+        let fx = say(&mut chat, "b", discuss(line, &[]), T0);
+        assert_eq!(
+            fx[0],
+            Effect::TurnLost {
+                member: "b".into(),
+                reason: LostTurnReason::Repetition
+            }
+        );
+        assert_eq!(asked(&fx), strs(&["c"]));
+        assert_eq!((chat.turn(), chat.messages().len()), (2, 1));
+
+        let mut p = params(&["a", "b", "c"], 10);
+        p.config.repetition_guard = false;
+        let mut chat = GroupChat::launch(p, T0).unwrap();
+        drain(&mut chat);
+        say(&mut chat, "a", discuss(line, &["b"]), T0);
+        let fx = say(&mut chat, "b", discuss(line, &["c"]), T0);
+        assert_eq!(broadcasts(&fx).len(), 1, "{fx:?}");
+        // An empty turn is still refused: it is not a message at all.
+        let fx = say(&mut chat, "c", discuss(" ... ", &[]), T0);
+        assert_eq!(
+            fx[0],
+            Effect::TurnLost {
+                member: "c".into(),
+                reason: LostTurnReason::Repetition
+            }
+        );
+    }
+
+    #[test]
     fn similarity_is_jaccard_of_word_shingles() {
         assert_eq!(similarity("Hello, World!", "hello world", 2), 1.0);
         assert_eq!(similarity("alpha beta gamma", "delta epsilon zeta", 2), 0.0);
@@ -2416,6 +2469,7 @@ mod tests {
     fn repetition_threshold_is_configurable() {
         let mut p = params(&["a", "b"], 10);
         p.config.repetition_threshold = 0.5;
+        p.config.repetition_retries = 1;
         let mut chat = GroupChat::launch(p, T0).unwrap();
         drain(&mut chat);
         say(

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::card::{AgentCard, CardBook, CardHit, CARD_KIND};
 use super::chat::{
     ChatConfig, ChatState, Decision, DecisionType, Effect, GroupChat, Input, LaunchParams,
-    MemberRef, Message, Rejection, Task, TaskState,
+    LostTurnReason, MemberRef, Message, Rejection, Task, TaskState,
 };
 use super::executor::{Executor, TaskSpec};
 use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
@@ -104,6 +104,15 @@ pub enum AgentEvent {
         assignee: String,
         /// New state.
         state: TaskState,
+    },
+    /// A speaker lost its turn (it repeated earlier content, timed out or went down).
+    TurnLost {
+        /// Group id.
+        group_id: String,
+        /// The speaker's name.
+        member: String,
+        /// Why.
+        reason: LostTurnReason,
     },
     /// A group concluded.
     Concluded {
@@ -838,6 +847,11 @@ impl Agent {
                     }
                     Effect::TurnLost { member, reason } => {
                         tracing::info!(group = %group_id, member = %member, ?reason, "turn lost");
+                        self.emit(AgentEvent::TurnLost {
+                            group_id: group_id.clone(),
+                            member: self.name_of(&member),
+                            reason,
+                        });
                     }
                     Effect::Paused { .. } => {}
                     Effect::Concluded { conclusion: c, .. } => {
@@ -1214,7 +1228,7 @@ impl Agent {
             config: ChatConfig {
                 turn_timeout_ms: a.turn_timeout_secs * 1000,
                 task_timeout_ms: a.turn_timeout_secs * 1000 * 3,
-                repetition_threshold: if self.0.repetition_guard { 0.75 } else { 1.0 },
+                repetition_guard: self.0.repetition_guard,
                 ..ChatConfig::default()
             },
         }

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::client::NodeAddr;
-use crate::agent::chat::MessageType;
+use crate::agent::chat::{LostTurnReason, MessageType};
 use crate::agent::runtime::AgentEvent;
 use crate::api::node::{SubmitTask, Submitted};
 
@@ -60,6 +60,7 @@ impl Follower {
             AgentEvent::TaskSubmitted { group_id, .. }
             | AgentEvent::TeamFormed { group_id, .. }
             | AgentEvent::TaskState { group_id, .. }
+            | AgentEvent::TurnLost { group_id, .. }
             | AgentEvent::Concluded { group_id, .. }
             | AgentEvent::TaskFailed { group_id, .. } => self.mine(group_id),
             AgentEvent::GroupLaunched {
@@ -150,6 +151,14 @@ pub fn print_event(ev: &AgentEvent) {
             state,
             ..
         } => println!("  task {task_id} ({assignee}): {state:?}"),
+        AgentEvent::TurnLost { member, reason, .. } => {
+            let why = match reason {
+                LostTurnReason::Timeout => "no answer in time",
+                LostTurnReason::Repetition => "it said nothing new",
+                LostTurnReason::MemberDown => "it left",
+            };
+            println!("  {member} loses its turn: {why}");
+        }
         AgentEvent::Concluded { conclusion, .. } => println!("\nconclusion:\n{conclusion}"),
         AgentEvent::TaskFailed { error, .. } => println!("failed: {error}"),
         _ => {}
