@@ -11,6 +11,10 @@
 //! node already tried alone and could not support its answer) every launch must name a
 //! candidate when there is one.
 //!
+//! The first search also runs each sentence of the task as a query of its own
+//! ([`MAX_TASK_SENTENCES`]): a small model's queries tend to copy its worked example, while a
+//! task's sentences usually state one need each.
+//!
 //! The launch call is one yes/no decision per shown candidate (not a list to fill, which a
 //! small model tends to stop after one name). A team the model launched is then completed
 //! to cover every skill its own queries asked for ([`FormationConfig::cover_skills`]).
@@ -203,6 +207,23 @@ const SYSTEM: &str = "You form a team of agents for a task. Tools:\n\
 - launch_group: start the team; say true for every candidate whose skill the task needs and false for the others. All false means you work alone.\n\
 Search first for every skill the task needs, then launch. Answer with one JSON tool call.";
 
+/// Most sentences of a task that the first search runs as queries of their own.
+pub const MAX_TASK_SENTENCES: usize = 6;
+
+/// Cosine from which a task sentence's best match counts as covering a skill.
+const SENTENCE_COVER_COSINE: f32 = 0.4;
+
+/// The sentences of `task` the first search adds to the model's `queries` (at most
+/// [`MAX_TASK_SENTENCES`], each cut to 300 characters, none the model already asked).
+fn task_sentences(task: &str, queries: &[String]) -> Vec<String> {
+    crate::search::split_sentences(task)
+        .into_iter()
+        .map(|s| s.chars().take(300).collect::<String>())
+        .filter(|s| !queries.iter().any(|q| q.eq_ignore_ascii_case(s)))
+        .take(MAX_TASK_SENTENCES)
+        .collect()
+}
+
 /// Labels of the candidates a launch decides on: the [`MAX_SHOWN`] best-scored, in label
 /// order.
 fn shown_labels(cands: &BTreeMap<String, (Recruit, String)>) -> Vec<String> {
@@ -363,15 +384,35 @@ pub async fn form_team<S: AgentSearch>(
             } else {
                 queries
             };
+            // The first search also runs the task's own sentences: a small model's queries
+            // drift towards its worked example, while each sentence of a task usually states
+            // one thing it needs. Their best matches count for the cover only when close in
+            // meaning, since a sentence shares some word with nearly every card.
+            let sentences = if i == 0 {
+                task_sentences(task, &queries)
+            } else {
+                Vec::new()
+            };
+            // Sentences first: their best matches lead the cover, being grounded in the
+            // task's own words.
+            let runs = sentences
+                .iter()
+                .map(|q| (q, true))
+                .chain(queries.iter().map(|q| (q, false)));
             let mut found = 0;
-            for q in &queries {
+            for (q, sentence) in runs {
                 let mut first = true;
                 for hit in search.search(q, config.per_query + 1).await {
                     let id = hit.card.node_id.clone();
                     if id == self_id {
                         continue;
                     }
-                    let top = std::mem::take(&mut first) && covers(&hit);
+                    let matches = if sentence {
+                        hit.cosine >= SENTENCE_COVER_COSINE
+                    } else {
+                        covers(&hit)
+                    };
+                    let top = std::mem::take(&mut first) && matches;
                     if let Some(label) = by_node.get(&id) {
                         if let Some((r, _)) = cands.get_mut(label) {
                             r.score = r.score.max(hit.score);
@@ -401,8 +442,13 @@ pub async fn form_team<S: AgentSearch>(
                     found += 1;
                 }
             }
+            let with = if sentences.is_empty() {
+                ""
+            } else {
+                " and the task's sentences"
+            };
             history.push(format!(
-                "search_agents({}) found {found} new",
+                "search_agents({}){with} found {found} new",
                 queries.join(" | ")
             ));
             if found == 0 {
@@ -530,6 +576,19 @@ mod tests {
                 assert!(f.candidates.iter().any(|(_, r)| r.node_id == m.node_id));
             }
         }
+    }
+
+    #[test]
+    fn the_first_search_adds_the_tasks_own_sentences() {
+        let task = "Translate the contract into German. Check the tax figures! Thanks.";
+        assert_eq!(
+            task_sentences(task, &["check the tax figures!".into()]),
+            vec!["Translate the contract into German.", "Thanks."]
+        );
+        let long = "Need one thing. ".repeat(20);
+        assert_eq!(task_sentences(&long, &[]).len(), MAX_TASK_SENTENCES);
+        let huge = "x".repeat(1000);
+        assert_eq!(task_sentences(&huge, &[])[0].chars().count(), 300);
     }
 
     #[test]
