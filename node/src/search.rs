@@ -548,7 +548,8 @@ pub struct Hit {
     pub score: f32,
     /// Raw BM25 score (0 when no query term matches).
     pub bm25: f32,
-    /// Cosine similarity of the entry's and the query's embeddings.
+    /// Cosine similarity of the query's embedding and the entry's best-matching one (its
+    /// best passage).
     pub cosine: f32,
 }
 

@@ -1723,9 +1723,22 @@ mod tests {
     }
 
     fn launch(ids: &[&str], max_turns: u32) -> (GroupChat, Vec<Effect>) {
-        let mut chat = GroupChat::launch(params(ids, max_turns), T0).unwrap();
+        launch_with(params(ids, max_turns))
+    }
+
+    /// Launches `p` at `T0` and drains the launch effects.
+    fn launch_with(p: LaunchParams) -> (GroupChat, Vec<Effect>) {
+        let mut chat = GroupChat::launch(p, T0).unwrap();
         let fx = drain(&mut chat);
         (chat, fx)
+    }
+
+    /// The effect of `member` losing its turn to the repetition guard.
+    fn lost_to_repetition(member: &str) -> Effect {
+        Effect::TurnLost {
+            member: member.into(),
+            reason: LostTurnReason::Repetition,
+        }
     }
 
     fn drain(chat: &mut GroupChat) -> Vec<Effect> {
@@ -2350,8 +2363,7 @@ mod tests {
     fn repetition_is_rejected_once_then_the_turn_is_lost() {
         let mut p = params(&["a", "b", "c"], 10);
         p.config.repetition_retries = 1;
-        let mut chat = GroupChat::launch(p, T0).unwrap();
-        drain(&mut chat);
+        let (mut chat, _) = launch_with(p);
         say(
             &mut chat,
             "a",
@@ -2389,13 +2401,7 @@ mod tests {
             discuss("We should take the train to Lyon on Friday morning", &[]),
             T0,
         );
-        assert_eq!(
-            fx[0],
-            Effect::TurnLost {
-                member: "b".into(),
-                reason: LostTurnReason::Repetition
-            }
-        );
+        assert_eq!(fx[0], lost_to_repetition("b"));
         assert_eq!(asked(&fx), strs(&["c"]));
         assert_eq!(chat.turn(), 2);
         assert_eq!(chat.messages().len(), 1);
@@ -2422,32 +2428,19 @@ mod tests {
         let (mut chat, _) = launch(&["a", "b", "c"], 10);
         say(&mut chat, "a", discuss(line, &["b"]), T0);
         let fx = say(&mut chat, "b", discuss(line, &[]), T0);
-        assert_eq!(
-            fx[0],
-            Effect::TurnLost {
-                member: "b".into(),
-                reason: LostTurnReason::Repetition
-            }
-        );
+        assert_eq!(fx[0], lost_to_repetition("b"));
         assert_eq!(asked(&fx), strs(&["c"]));
         assert_eq!((chat.turn(), chat.messages().len()), (2, 1));
 
         let mut p = params(&["a", "b", "c"], 10);
         p.config.repetition_guard = false;
-        let mut chat = GroupChat::launch(p, T0).unwrap();
-        drain(&mut chat);
+        let (mut chat, _) = launch_with(p);
         say(&mut chat, "a", discuss(line, &["b"]), T0);
         let fx = say(&mut chat, "b", discuss(line, &["c"]), T0);
         assert_eq!(broadcasts(&fx).len(), 1, "{fx:?}");
         // An empty turn is still refused: it is not a message at all.
         let fx = say(&mut chat, "c", discuss(" ... ", &[]), T0);
-        assert_eq!(
-            fx[0],
-            Effect::TurnLost {
-                member: "c".into(),
-                reason: LostTurnReason::Repetition
-            }
-        );
+        assert_eq!(fx[0], lost_to_repetition("c"));
     }
 
     #[test]
@@ -2470,8 +2463,7 @@ mod tests {
         let mut p = params(&["a", "b"], 10);
         p.config.repetition_threshold = 0.5;
         p.config.repetition_retries = 1;
-        let mut chat = GroupChat::launch(p, T0).unwrap();
-        drain(&mut chat);
+        let (mut chat, _) = launch_with(p);
         say(
             &mut chat,
             "a",
@@ -2735,8 +2727,7 @@ mod tests {
         // At the maximum depth, no sub-team.
         let mut p = params(&["a", "b"], 10);
         p.team_up_depth = 1;
-        let mut deep = GroupChat::launch(p, T0).unwrap();
-        drain(&mut deep);
+        let (mut deep, _) = launch_with(p);
         assert_eq!(deep.sub_team_depth(), None);
         let fx = say(
             &mut deep,
