@@ -6,7 +6,7 @@
 # temporary directory); nothing is committed.
 #
 # Usage: benches/team_formation/run.sh [--json]   (STARLING=path/to/starling to skip building;
-#        FULL=1 also runs the real LLM team-formation loop on LIMIT=20 tasks per seed)
+#        FULL=1 also runs the real LLM team-formation loop on LIMIT=100 tasks per seed)
 set -euo pipefail
 
 CARDS=${CARDS:-1200}
@@ -22,7 +22,7 @@ for seed in $SEEDS; do
   data="$OUT/team-formation-c${CARDS}-t${TASKS}-s${seed}.jsonl"
   "$STARLING" eval synth-team --cards "$CARDS" --tasks "$TASKS" --seed "$seed" --out "$data"
   if [[ -n "${FULL:-}" ]]; then
-    "$STARLING" eval team-formation --data "$data" --full --limit "${LIMIT:-20}" "$@"
+    "$STARLING" eval team-formation --data "$data" --full --limit "${LIMIT:-100}" "$@"
   else
     "$STARLING" eval team-formation --data "$data" "$@"
   fi
