@@ -33,7 +33,7 @@
 //! runs against the live card book of a node and against an offline registry
 //! (`starling eval team-formation --full`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 use serde::{Deserialize, Serialize};
@@ -267,7 +267,7 @@ struct SkillCover {
     /// The best match of each task sentence that really matches it, with its cosine.
     sentence_tops: Vec<(String, f32)>,
     /// Every candidate a task sentence found.
-    sentence_found: Vec<String>,
+    sentence_found: BTreeSet<String>,
     /// The best match of each model query that really matches it and that a task sentence
     /// also found (the model's own words are only trusted where the task backs them).
     query_tops: Vec<String>,
@@ -278,14 +278,12 @@ impl SkillCover {
     /// `label`; `top` when it is that search's best hit and really matches it.
     fn observe(&mut self, label: &str, sentence: bool, top: bool, cosine: f32) {
         if sentence {
-            if !self.sentence_found.iter().any(|l| l == label) {
-                self.sentence_found.push(label.to_owned());
-            }
+            self.sentence_found.insert(label.to_owned());
             if top {
                 self.sentence_tops.push((label.to_owned(), cosine));
             }
         } else if top
-            && self.sentence_found.iter().any(|l| l == label)
+            && self.sentence_found.contains(label)
             && !self.query_tops.iter().any(|l| l == label)
         {
             self.query_tops.push(label.to_owned());
