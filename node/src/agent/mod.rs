@@ -5,6 +5,7 @@ pub mod chat;
 pub mod docs;
 pub mod executor;
 pub mod formation;
+pub mod grounded;
 pub mod llm;
 pub mod runtime;
 pub mod tools;

@@ -28,6 +28,7 @@ use super::chat::{
     LostTurnReason, MemberRef, Message, Rejection, Task, TaskState,
 };
 use super::executor::{Executor, TaskSpec};
+use super::grounded::{AnswerStatus, Citation};
 use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
 use super::llm::Llm;
 use crate::config::{AgentKind, HumanFallback, HumanInput, NodeConfig};
@@ -226,7 +227,15 @@ pub struct TaskResult {
     pub group_id: String,
     /// Members (names), the submitter first.
     pub members: Vec<String>,
-    /// The conclusion.
+    /// The short, direct answer (at most 60 words): the facts asked for, each copied from
+    /// cited evidence, or `unknown: ...` when the swarm does not hold them.
+    pub answer: String,
+    /// The evidence behind every fact of the answer.
+    pub citations: Vec<Citation>,
+    /// Whether the question is answered, partly answered or unknown.
+    pub status: AnswerStatus,
+    /// The group's conclusion message (the transcript's last word; the answer above is the
+    /// result).
     pub conclusion: String,
     /// Turns used.
     pub turns: u32,
@@ -683,6 +692,9 @@ impl Agent {
             TaskResult {
                 group_id,
                 members: vec![self.0.name.clone()],
+                answer: out.answer.clone(),
+                citations: Vec::new(),
+                status: AnswerStatus::Unknown,
                 conclusion: out.answer,
                 turns: 0,
                 tokens: 0,
@@ -893,6 +905,9 @@ impl Agent {
                 return Ok(TaskResult {
                     group_id,
                     members: member_names,
+                    answer: full.clone(),
+                    citations: Vec::new(),
+                    status: AnswerStatus::Unknown,
                     conclusion: full,
                     turns: chat.turn(),
                     tokens: 0,
