@@ -196,7 +196,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Up(a) => commands::up::run(&home, a),
         Command::Peers(a) => commands::peers::peers(a),
         Command::Invite(a) => commands::peers::invite(a),
-        Command::Task(a) => commands::task::run(a),
+        Command::Task(a) => commands::task::run(a, cli.verbose > 0),
         Command::Demo(a) => commands::demo::run(&home, a),
         Command::Reply(a) => commands::task::reply(a),
         Command::Memory(c) => commands::memory::run(c),

@@ -224,6 +224,10 @@ pub struct AgentSection {
     pub docs: Option<PathBuf>,
     /// Built-in tools offered: `search_docs`, `calculator`.
     pub tools: Vec<String>,
+    /// How a task is answered: `grounded` (sub-questions drawn from the task, each answered
+    /// by the member whose documents hold cited evidence, the answer built from the cited
+    /// spans) or `chat` (the model forms the team, writes the tasks and the conclusion).
+    pub collaboration: Collaboration,
     /// Turns after which a group chat is forced to conclude.
     pub max_turns: u32,
     /// How deep nested sub-teams may go.
@@ -241,6 +245,18 @@ pub struct AgentSection {
     /// What happens when the person does not answer in time: `model` (the node's model
     /// answers) or `skip` (the turn is lost / the task fails).
     pub human_fallback: HumanFallback,
+}
+
+/// How a node answers a task (`[agent] collaboration`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Collaboration {
+    /// Answers are built from spans copied out of cited evidence (the default: a small
+    /// model's free text cannot be trusted with facts).
+    #[default]
+    Grounded,
+    /// The model forms the team, writes the tasks and the conclusion in free text.
+    Chat,
 }
 
 /// When a human proxy asks its person (AutoGen's `human_input_mode`).
@@ -311,6 +327,7 @@ impl Default for AgentSection {
             kind: AgentKind::Tool,
             docs: None,
             tools: vec!["search_docs".into(), "calculator".into()],
+            collaboration: Collaboration::Grounded,
             max_turns: 12,
             max_depth: 2,
             turn_timeout_secs: 120,

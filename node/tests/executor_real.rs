@@ -1,11 +1,15 @@
 //! Task execution with the real default model (SmolLM2-135M-Instruct): a fact held only in
-//! the node's documents must reach the answer; arithmetic must reach the evidence.
+//! the node's documents must reach the executor's evidence, and the grounded answer built
+//! from it; arithmetic must reach the evidence. The model's free text is printed, never
+//! asserted: greedy text from a 135M model changes with the tiny numeric differences between
+//! CPU kernel paths (AVX-512 vs AVX2), so only what holds on every CPU is checked.
 
 use std::path::Path;
 
 use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_models::testing;
 use starling_node::agent::executor::{Executor, TaskOutcome, TaskSpec};
+use starling_node::agent::grounded::decompose;
 use starling_node::agent::llm::Llm;
 use starling_node::agent::tools::{SearchDocs, ToolBox};
 
@@ -49,7 +53,7 @@ fn report(out: &TaskOutcome) {
 }
 
 #[tokio::test]
-async fn facts_from_documents_and_arithmetic_reach_the_answer() {
+async fn facts_from_documents_and_arithmetic_reach_the_evidence_and_the_grounded_answer() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_docs(dir.path());
     let tools = ToolBox::new()
@@ -70,14 +74,20 @@ async fn facts_from_documents_and_arithmetic_reach_the_answer() {
     report(&out);
     assert!(out.ok);
     assert!(
-        out.answer.to_lowercase().contains("argon"),
-        "answer misses the fact: {:?}",
-        out.answer
+        out.steps.iter().any(|s| s.tool == "search_docs"
+            && s.observation
+                .as_deref()
+                .is_some_and(|o| o.contains("liquid argon at 87 K"))),
+        "the document passage with the fact is not in the evidence"
     );
-    assert!(out
-        .steps
-        .iter()
-        .any(|s| s.tool == "search_docs" && s.observation.is_some()));
+    // The grounded answer: the span copied from the cited sentence.
+    let docs = SearchDocs::open(dir.path()).expect("index docs");
+    let subs = decompose("What coolant does the Zorblat reactor use?");
+    assert_eq!(subs.len(), 1);
+    let found = docs.locate(&subs[0], 3);
+    let best = found.first().expect("a unit is located");
+    assert_eq!(best.unit.document, "reactor.md");
+    assert!(best.unit.text.contains("liquid argon at 87 K"), "{best:?}");
 
     let started = std::time::Instant::now();
     let out = exec

@@ -1,6 +1,7 @@
 //! The demo scenario with the real default models: three nodes on loopback (ada, basil,
 //! cyra from `configs/`), a task that needs a fact from basil's documents and one from
-//! cyra's. The conclusion hosted by ada must contain both facts, and every message of the
+//! cyra's. The answer of ada's task must contain both facts, each cited to the node whose
+//! document holds it, and every message of the
 //! group must satisfy the chat protocol. Prints the tokens spent, with and without the
 //! repetition guard when `STARLING_DEMO_COMPARE=N` (N runs each, alternating, and the means).
 
@@ -30,7 +31,8 @@ fn shared_models() -> SharedModels {
 }
 
 struct Run {
-    conclusion: String,
+    answer: String,
+    citations: Vec<starling_node::agent::grounded::Citation>,
     tokens: u64,
     messages: Vec<Message>,
     tasks: Vec<Task>,
@@ -142,7 +144,8 @@ async fn run_demo(models: &SharedModels, guard: bool) -> Run {
         n.shutdown().await;
     }
     Run {
-        conclusion: result.conclusion,
+        answer: result.answer,
+        citations: result.citations,
         tokens: after - before,
         messages,
         tasks,
@@ -184,7 +187,7 @@ fn check_protocol(run: &Run, members: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_conclusion_holds_facts_from_both_other_nodes() {
+async fn demo_answer_holds_facts_from_both_other_nodes_with_citations() {
     let models = shared_models();
     let run = run_demo(&models, true).await;
     println!(
@@ -193,20 +196,36 @@ async fn demo_conclusion_holds_facts_from_both_other_nodes() {
         run.tokens,
         run.messages.len(),
         run.member_messages,
-        run.conclusion
+        run.answer
     );
     check_protocol(&run, 3);
-    let c = run.conclusion.to_lowercase();
+    // The facts are in the answer itself (not in appended transcript text), each cited to
+    // the node whose document holds it.
+    let a = run.answer.to_lowercase();
     assert!(
-        c.contains("24"),
-        "basil's fact (24 degrees) missing:\n{}",
-        run.conclusion
+        a.contains("24"),
+        "basil's fact (24 degrees) missing from the answer: {}",
+        run.answer
     );
     assert!(
-        c.contains("thursday"),
-        "cyra's fact (Thursday) missing:\n{}",
-        run.conclusion
+        a.contains("thursday"),
+        "cyra's fact (Thursday) missing from the answer: {}",
+        run.answer
     );
+    assert!(
+        run.answer.split_whitespace().count() <= 60,
+        "answer too long: {}",
+        run.answer
+    );
+    for (node, fact) in [("basil", "24 degrees"), ("cyra", "Thursday")] {
+        assert!(
+            run.citations
+                .iter()
+                .any(|c| c.node == node && c.quote.contains(fact)),
+            "no citation of {node}'s {fact}: {:?}",
+            run.citations
+        );
+    }
     assert!(
         run.member_messages.iter().all(|&n| n == run.messages.len()),
         "members did not receive every message: {:?} of {}",

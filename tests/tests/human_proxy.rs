@@ -109,7 +109,11 @@ async fn human_answers_become_messages_and_silence_loses_the_turn() {
             ..ChatConfig::default()
         },
     };
-    let result = host.agent.host_group(params, None).await.expect("group");
+    let result = host
+        .agent
+        .host_group(params, None, None)
+        .await
+        .expect("group");
     answered.await.unwrap();
     let msgs: Vec<Message> = host
         .agent

@@ -113,6 +113,10 @@ pub struct ChatConfig {
     pub max_abstract_chars: usize,
     /// Most tasks one decision may assign.
     pub max_tasks_per_decision: usize,
+    /// The initiator moderates: while it is live it takes every turn, and the other
+    /// members contribute through the tasks it assigns (a grounded inquiry: members
+    /// report cited findings, they do not write free text).
+    pub moderated: bool,
 }
 
 impl Default for ChatConfig {
@@ -129,6 +133,7 @@ impl Default for ChatConfig {
             max_task_desc_chars: 2000,
             max_abstract_chars: 120,
             max_tasks_per_decision: 8,
+            moderated: false,
         }
     }
 }
@@ -1235,6 +1240,9 @@ impl GroupChat {
             return;
         }
         let pick = match candidate {
+            _ if self.config.moderated && self.is_live(&self.initiator) => {
+                Some(self.initiator.clone())
+            }
             Some(m) if self.is_live(&m) => Some(m),
             _ => self.choose_next(),
         };
@@ -1805,6 +1813,39 @@ mod tests {
         )
         .unwrap();
         drain(chat)
+    }
+
+    #[test]
+    fn moderated_chat_gives_every_turn_to_the_live_initiator() {
+        let mut p = params(&["a", "b", "c"], 6);
+        p.config.moderated = true;
+        let (mut chat, fx) = launch_with(p);
+        assert_eq!(asked(&fx), strs(&["a"]));
+        // The initiator names b as next speaker: in a moderated chat it speaks again.
+        let fx = say(
+            &mut chat,
+            "a",
+            assign(
+                DecisionType::AssignSync,
+                "",
+                &[("b", "find x"), ("c", "find y")],
+                &["b"],
+            ),
+            T0 + 1,
+        );
+        assert!(
+            asked(&fx).is_empty(),
+            "nobody speaks during a sync assignment"
+        );
+        report(&mut chat, "b", "t1", true, "x");
+        let fx = report(&mut chat, "c", "t2", true, "y");
+        assert_eq!(asked(&fx), strs(&["a"]));
+        let fx = say(&mut chat, "a", discuss("both found", &["c"]), T0 + 20);
+        assert_eq!(asked(&fx), strs(&["a"]));
+        // Without the initiator the chat falls back to round robin.
+        chat.handle(Input::MemberDown("a".into()), T0 + 30).unwrap();
+        let fx = drain(&mut chat);
+        assert_eq!(asked(&fx), strs(&["b"]));
     }
 
     /// Members asked in these effects, in order.

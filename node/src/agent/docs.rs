@@ -93,6 +93,8 @@ pub struct DocIndex {
     passages: Vec<(PathBuf, String)>,
     index: Bm25Index,
     files: usize,
+    /// Citable units (sentences, table rows) of every file, for grounded answers.
+    units: Vec<super::grounded::Unit>,
 }
 
 impl DocIndex {
@@ -109,6 +111,7 @@ impl DocIndex {
             passages: Vec::new(),
             index: Bm25Index::new(),
             files: 0,
+            units: Vec::new(),
         };
         index.reload()?;
         Ok(index)
@@ -128,7 +131,10 @@ impl DocIndex {
         self.collect(&self.root.clone(), 0, &mut files)?;
         let mut passages = Vec::new();
         let mut index = Bm25Index::new();
+        let mut units = Vec::new();
         for (rel, text) in &files {
+            let name = rel.to_string_lossy().replace('\\', "/");
+            units.extend(super::grounded::document_units(&name, text));
             for p in split_passages(text, self.limits.window_words, self.limits.overlap_words) {
                 index.insert(passages.len() as u64, &p);
                 passages.push((rel.clone(), p));
@@ -143,6 +149,7 @@ impl DocIndex {
         self.files = files.len();
         self.passages = passages;
         self.index = index;
+        self.units = units;
         Ok(self.passages.len())
     }
 
@@ -252,6 +259,11 @@ impl DocIndex {
                 })
             })
             .collect()
+    }
+
+    /// The citable units of every indexed file (see [`super::grounded::document_units`]).
+    pub fn units(&self) -> &[super::grounded::Unit] {
+        &self.units
     }
 
     /// The indexed folder.

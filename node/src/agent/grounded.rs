@@ -28,3 +28,1971 @@ pub enum AnswerStatus {
     #[default]
     Unknown,
 }
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use regex::Regex;
+
+use crate::search::{split_sentences, tokenize};
+
+/// Most words an answer may have.
+pub const MAX_ANSWER_WORDS: usize = 60;
+
+// ---------------------------------------------------------------------------------------
+// Evidence units
+// ---------------------------------------------------------------------------------------
+
+/// One citable piece of a document: a sentence, a list item, a `key: value` line or a table
+/// row (rendered with its column names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unit {
+    /// The document (file name relative to the document folder).
+    pub document: String,
+    /// The nearest heading above it (the document's title for most units).
+    #[serde(default)]
+    pub heading: String,
+    /// The unit's text as quoted (a table row as `Column: cell; Column: cell`).
+    pub text: String,
+    /// Named fields: a table row's (column, cell) pairs, or a `key: value` line's one pair.
+    #[serde(default)]
+    pub fields: Vec<(String, String)>,
+    /// Position in its document (later units come later).
+    #[serde(default)]
+    pub position: u32,
+}
+
+impl Unit {
+    /// Everything a query may match: the document name, the heading and the text.
+    fn match_text(&self) -> String {
+        let stem = self
+            .document
+            .rsplit('/')
+            .next()
+            .unwrap_or(&self.document)
+            .split('.')
+            .next()
+            .unwrap_or("")
+            .replace(['_', '-'], " ");
+        format!("{stem} {} {}", self.heading, self.text)
+    }
+}
+
+fn table_cells(line: &str) -> Vec<String> {
+    let t = line.trim().trim_start_matches('|').trim_end_matches('|');
+    t.split('|').map(|c| c.trim().to_owned()).collect()
+}
+
+fn is_separator_row(line: &str) -> bool {
+    let t = line.trim();
+    t.starts_with('|') && t.chars().all(|c| matches!(c, '|' | '-' | ':' | ' '))
+}
+
+/// A short `Key: value` at the start of a sentence (at most four words of key).
+fn key_value(sentence: &str) -> Option<(String, String)> {
+    let (k, v) = sentence.split_once(": ")?;
+    let k = k.trim();
+    let words = k.split_whitespace().count();
+    if words == 0 || words > 6 || !k.chars().any(char::is_alphabetic) {
+        return None;
+    }
+    let v = v.trim().trim_end_matches('.').trim();
+    (!v.is_empty()).then(|| (k.to_owned(), v.to_owned()))
+}
+
+/// Splits a document into citable units (see [`Unit`]). Markdown tables become one unit
+/// per row; headings are remembered as the context of the units under them; list markers
+/// are dropped; paragraphs are split into sentences.
+pub fn document_units(document: &str, text: &str) -> Vec<Unit> {
+    let mut out = Vec::new();
+    let mut heading = String::new();
+    let mut header: Option<Vec<String>> = None;
+    let mut paragraph = String::new();
+    let mut position = 0u32;
+    let mut push = |out: &mut Vec<Unit>, heading: &str, text: String, fields| {
+        out.push(Unit {
+            document: document.to_owned(),
+            heading: heading.to_owned(),
+            text,
+            fields,
+            position,
+        });
+        position += 1;
+    };
+    let flush =
+        |paragraph: &mut String,
+         out: &mut Vec<Unit>,
+         heading: &str,
+         push: &mut dyn FnMut(&mut Vec<Unit>, &str, String, Vec<(String, String)>)| {
+            for s in split_sentences(paragraph) {
+                let fields = key_value(&s).into_iter().collect();
+                push(out, heading, s, fields);
+            }
+            paragraph.clear();
+        };
+    for raw in text.lines() {
+        let line = raw.trim();
+        if line.starts_with('|') {
+            flush(&mut paragraph, &mut out, &heading, &mut push);
+            if is_separator_row(line) {
+                continue;
+            }
+            let cells = table_cells(line);
+            match &header {
+                None => header = Some(cells),
+                Some(h) => {
+                    let fields: Vec<(String, String)> = h
+                        .iter()
+                        .cloned()
+                        .zip(cells)
+                        .filter(|(_, c)| !c.is_empty())
+                        .collect();
+                    let text = fields
+                        .iter()
+                        .map(|(k, v)| {
+                            if k.is_empty() {
+                                v.clone()
+                            } else {
+                                format!("{k}: {v}")
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    if !text.is_empty() {
+                        push(&mut out, &heading, text, fields);
+                    }
+                }
+            }
+            continue;
+        }
+        header = None;
+        if line.is_empty() {
+            flush(&mut paragraph, &mut out, &heading, &mut push);
+            continue;
+        }
+        if let Some(h) = line.strip_prefix('#') {
+            flush(&mut paragraph, &mut out, &heading, &mut push);
+            heading = h.trim_start_matches('#').trim().to_owned();
+            continue;
+        }
+        // A list item or a `Key: value` line is a unit of its own.
+        let item = strip_list_marker(line);
+        if item.len() != line.len() || key_value(line).is_some() {
+            flush(&mut paragraph, &mut out, &heading, &mut push);
+            for s in split_sentences(item) {
+                let fields = key_value(&s).into_iter().collect();
+                push(&mut out, &heading, s, fields);
+            }
+            continue;
+        }
+        if !paragraph.is_empty() {
+            paragraph.push(' ');
+        }
+        paragraph.push_str(line);
+    }
+    flush(&mut paragraph, &mut out, &heading, &mut push);
+    out
+}
+
+fn strip_list_marker(line: &str) -> &str {
+    let t = line.trim_start();
+    if let Some(r) = t.strip_prefix("- ").or_else(|| t.strip_prefix("* ")) {
+        return r.trim_start();
+    }
+    let digits = t.chars().take_while(char::is_ascii_digit).count();
+    if digits > 0 && digits < 3 {
+        let rest = &t[digits..];
+        if let Some(r) = rest.strip_prefix(". ").or_else(|| rest.strip_prefix(") ")) {
+            return r.trim_start();
+        }
+    }
+    line
+}
+
+// ---------------------------------------------------------------------------------------
+// Questions
+// ---------------------------------------------------------------------------------------
+
+/// The kind of value a question asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Slot {
+    /// A person (who).
+    Person,
+    /// A clock time.
+    Time,
+    /// A day or date (when).
+    Date,
+    /// A number, usually with a unit.
+    Quantity,
+    /// A place, room, code or similar (where, which gate).
+    Place,
+    /// Anything else (what, which).
+    Thing,
+}
+
+/// A weighted query term.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Term {
+    /// The index term (see [`crate::search::tokenize`]).
+    pub term: String,
+    /// Its weight.
+    pub weight: f32,
+    /// Whether evidence must contain it.
+    pub required: bool,
+}
+
+/// One sub-question of a task, drawn from the task's own words.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubQuestion {
+    /// The clause as asked (with the task's lead-in), shown as the task text.
+    pub text: String,
+    /// What kind of value answers it.
+    pub slot: Slot,
+    /// The words naming the value (`gate`, `lead keeper`), as index terms.
+    pub slot_terms: Vec<String>,
+    /// Weighted terms the evidence should contain.
+    pub terms: Vec<Term>,
+    /// Prefer the latest of equally good units (the question asks for the latest, or the
+    /// evidence is a log).
+    pub latest: bool,
+}
+
+const WH: &[&str] = &[
+    "who", "whom", "whose", "what", "what's", "whats", "which", "where", "when", "how", "why",
+];
+const AUX: &[&str] = &[
+    "is", "are", "was", "were", "does", "do", "did", "should", "can", "could", "will", "would",
+    "has", "have", "had", "must", "may", "might", "shall", "i", "we", "you", "they", "it", "he",
+    "she",
+];
+const WEEKDAYS_MONTHS: &[&str] = &[
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+];
+
+fn words(text: &str) -> Vec<String> {
+    text.split_whitespace()
+        .map(|w| {
+            w.trim_matches(|c: char| !c.is_alphanumeric() && c != '\'')
+                .to_owned()
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// Index terms of `text`, with digits' plural `s` dropped (`Year 9s` -> `9`).
+pub fn terms_of(text: &str) -> Vec<String> {
+    tokenize(text)
+        .into_iter()
+        .map(|t| {
+            if t.len() > 1
+                && t.ends_with('s')
+                && t[..t.len() - 1].chars().all(|c| c.is_ascii_digit())
+            {
+                t[..t.len() - 1].to_owned()
+            } else {
+                t
+            }
+        })
+        .collect()
+}
+
+fn is_wh(w: &str) -> bool {
+    WH.contains(&w.to_lowercase().as_str())
+}
+
+/// The slot of one clause: its kind and the words naming it.
+fn slot_of(clause: &str) -> (Slot, Vec<String>) {
+    let ws: Vec<String> = words(clause).iter().map(|w| w.to_lowercase()).collect();
+    let Some(i) = ws.iter().position(|w| is_wh(w)) else {
+        return (Slot::Thing, Vec::new());
+    };
+    let wh = ws[i].trim_end_matches("'s").to_owned();
+    // The noun phrase after the wh-word, up to an auxiliary verb.
+    let mut np: Vec<String> = Vec::new();
+    for w in &ws[i + 1..] {
+        if AUX.contains(&w.as_str()) || is_wh(w) {
+            break;
+        }
+        np.push(w.clone());
+    }
+    if wh == "what" && np.first().is_some_and(|w| w == "the") {
+        np.remove(0);
+    }
+    let head = np.last().cloned().unwrap_or_default();
+    let rest_terms = terms_of(&np.join(" "));
+    let quantity_words = [
+        "weight",
+        "weigh",
+        "temperature",
+        "mass",
+        "power",
+        "budget",
+        "limit",
+        "size",
+        "length",
+        "price",
+        "cost",
+        "abv",
+        "strength",
+        "volume",
+        "capacity",
+        "heaviest",
+        "heavy",
+        "long",
+        "much",
+        "many",
+        "far",
+        "big",
+        "tall",
+        "high",
+        "deep",
+        "fast",
+        "old",
+        "wide",
+        "speed",
+        "distance",
+        "height",
+        "depth",
+        "amount",
+        "number",
+        "percentage",
+        "rate",
+        "fee",
+        "dose",
+        "voltage",
+        "pressure",
+    ];
+    let slot = match wh.as_str() {
+        "who" | "whom" | "whose" => Slot::Person,
+        "when" => Slot::Date,
+        "where" => Slot::Place,
+        "how" => {
+            if np
+                .first()
+                .is_some_and(|w| quantity_words.contains(&w.as_str()))
+            {
+                Slot::Quantity
+            } else {
+                Slot::Thing
+            }
+        }
+        _ => {
+            if head == "time" || np.first().is_some_and(|w| w == "time") && np.len() == 1 {
+                Slot::Time
+            } else if ["day", "date", "days", "dates", "week", "month", "year"]
+                .contains(&head.as_str())
+            {
+                Slot::Date
+            } else if np.iter().any(|w| quantity_words.contains(&w.as_str())) {
+                Slot::Quantity
+            } else if [
+                "floor", "room", "gate", "shelf", "lab", "desk", "stand", "channel", "platform",
+                "venue", "place", "location", "ward", "building", "address", "pitch", "court",
+                "bay", "berth", "dock", "locker", "cabin", "seat", "table", "stop",
+            ]
+            .contains(&head.as_str())
+            {
+                Slot::Place
+            } else if ["latest", "earliest"].contains(&head.as_str()) {
+                Slot::Time
+            } else {
+                Slot::Thing
+            }
+        }
+    };
+    let mut slot_terms = rest_terms;
+    let mut slot = slot;
+    // `who leads` / `what does he weigh`: the verb names the slot.
+    if slot == Slot::Person || (wh == "what" && np.is_empty()) {
+        let skip = [
+            "the", "a", "an", "his", "her", "their", "its", "our", "my", "your",
+        ];
+        let content: Vec<&String> = ws[i + 1..]
+            .iter()
+            .filter(|w| !AUX.contains(&w.as_str()) && !skip.contains(&w.as_str()))
+            .take(2)
+            .collect();
+        if slot == Slot::Thing {
+            // `what did Tansy weigh`: the verb that names a quantity may come later.
+            if let Some(v) = ws[i + 1..]
+                .iter()
+                .find(|w| quantity_words.contains(&w.as_str()))
+            {
+                slot = Slot::Quantity;
+                slot_terms.extend(terms_of(v));
+            }
+        }
+        for v in content {
+            slot_terms.extend(terms_of(v));
+        }
+    }
+    (slot, slot_terms)
+}
+
+fn capitalised(w: &str) -> bool {
+    w.chars().next().is_some_and(char::is_uppercase)
+}
+
+/// Entity terms of `text`: capitalised words that do not start it, and words with digits.
+fn entity_terms(text: &str) -> (Vec<String>, Vec<String>) {
+    let mut names = Vec::new();
+    let mut others = Vec::new();
+    for (i, w) in words(text).iter().enumerate() {
+        if is_wh(w) {
+            continue;
+        }
+        let lower = w.to_lowercase();
+        let has_digit = w.chars().any(|c| c.is_ascii_digit());
+        if has_digit {
+            others.extend(terms_of(w));
+        } else if i > 0 && capitalised(w) && lower != "i" {
+            if WEEKDAYS_MONTHS.contains(&lower.trim_end_matches('s')) {
+                others.extend(terms_of(w));
+            } else {
+                names.extend(terms_of(w));
+            }
+        }
+    }
+    (names, others)
+}
+
+/// Splits one question sentence at a wh-word that follows a comma, `and` or a semicolon
+/// (a preposition may stand between: `, and on which day`).
+fn split_clauses(body: &str) -> Vec<String> {
+    const PREPOSITIONS: &[&str] = &["at", "on", "in", "for", "by", "from", "to", "with"];
+    let toks: Vec<&str> = body.split_whitespace().collect();
+    let mut clauses: Vec<String> = Vec::new();
+    let mut start = 0;
+    for i in 0..toks.len() {
+        let clean = toks[i].trim_matches(|c: char| !c.is_alphanumeric() && c != '\'');
+        if !is_wh(clean) {
+            continue;
+        }
+        // Walk back over prepositions to the joint.
+        let mut j = i;
+        while j > start && PREPOSITIONS.contains(&toks[j - 1].to_lowercase().as_str()) {
+            j -= 1;
+        }
+        if j < start + 3 {
+            continue;
+        }
+        let before = toks[j - 1];
+        let (end, next) = if before.eq_ignore_ascii_case("and") {
+            (j - 1, j)
+        } else if before.ends_with([',', ';', '?']) {
+            (j, j)
+        } else {
+            continue;
+        };
+        clauses.push(toks[start..end].join(" "));
+        start = next;
+    }
+    clauses.push(toks[start..].join(" "));
+    clauses
+        .into_iter()
+        .map(|c| {
+            c.trim()
+                .trim_end_matches([',', ';', '?', '.'])
+                .trim()
+                .to_owned()
+        })
+        .filter(|c| c.chars().any(char::is_alphanumeric))
+        .collect()
+}
+
+/// Splits a question into the sub-questions it asks, drawn from its own clauses: a lead-in
+/// before a colon (`For Pepperkorn the greyhound: ...`) is context for every clause, and
+/// clauses start at a wh-word after a comma or `and` (`..., and who is ...`). Each clause's
+/// names are required of its evidence; the other clauses' names are context.
+pub fn decompose(question: &str) -> Vec<SubQuestion> {
+    // Sentences that ask nothing (`We are starting the Lumen greenhouse.`) are context.
+    let mut lead_parts: Vec<String> = Vec::new();
+    let mut asked: Vec<String> = Vec::new();
+    for s in split_sentences(question.trim()) {
+        let asks = s.ends_with('?') || words(&s).iter().any(|w| is_wh(w));
+        if asks {
+            asked.push(s);
+        } else {
+            lead_parts.push(s.trim_end_matches('.').to_owned());
+        }
+    }
+    if asked.is_empty() {
+        asked = lead_parts.drain(..).collect();
+    }
+    let mut clauses: Vec<String> = Vec::new();
+    for q in &asked {
+        let (l, body) = match q.split_once(':') {
+            Some((l, b))
+                if l.split_whitespace().count() <= 8 && words(b).iter().any(|w| is_wh(w)) =>
+            {
+                (l.trim().to_owned(), b.trim().to_owned())
+            }
+            _ => (String::new(), q.clone()),
+        };
+        if !l.is_empty() {
+            lead_parts.push(l);
+        }
+        clauses.extend(split_clauses(&body));
+    }
+    let lead = lead_parts.join(". ");
+    let all_names: Vec<(usize, Vec<String>, Vec<String>)> = clauses
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (n, o) = entity_terms(c);
+            (i, n, o)
+        })
+        .collect();
+    let (lead_names, lead_other) = entity_terms(&format!("x {lead}"));
+    let latest_words = [
+        "latest",
+        "recent",
+        "last",
+        "current",
+        "currently",
+        "newest",
+        "now",
+        "today",
+    ];
+    clauses
+        .iter()
+        .enumerate()
+        .map(|(i, clause)| {
+            let (slot, slot_terms) = slot_of(clause);
+            let mut terms: Vec<Term> = Vec::new();
+            let add = |t: &str, weight: f32, required: bool, terms: &mut Vec<Term>| {
+                if let Some(x) = terms.iter_mut().find(|x| x.term == t) {
+                    x.weight = x.weight.max(weight);
+                    x.required |= required;
+                } else {
+                    terms.push(Term {
+                        term: t.to_owned(),
+                        weight,
+                        required,
+                    });
+                }
+            };
+            let names = &all_names[i].1;
+            for t in terms_of(clause) {
+                let w = if names.contains(&t) {
+                    2.0
+                } else if all_names[i].2.contains(&t) {
+                    1.5
+                } else {
+                    1.0
+                };
+                add(&t, w, names.contains(&t), &mut terms);
+            }
+            for t in &slot_terms {
+                add(t, 1.5, false, &mut terms);
+            }
+            // Context: the lead-in and the other clauses' names.
+            for t in lead_names.iter().chain(&lead_other) {
+                add(t, 1.5, false, &mut terms);
+            }
+            for t in terms_of(&lead) {
+                add(&t, 0.7, false, &mut terms);
+            }
+            for (j, n, o) in &all_names {
+                if *j != i {
+                    for t in n.iter().chain(o) {
+                        add(t, 1.0, false, &mut terms);
+                    }
+                }
+            }
+            let text = if lead.is_empty() {
+                format!("{clause}?")
+            } else {
+                format!("{lead}: {clause}?")
+            };
+            let lower = clause.to_lowercase();
+            SubQuestion {
+                text,
+                slot,
+                slot_terms,
+                terms,
+                latest: words(&lower)
+                    .iter()
+                    .any(|w| latest_words.contains(&w.as_str())),
+            }
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Locating evidence
+// ---------------------------------------------------------------------------------------
+
+/// A unit located for a sub-question, with how well it matches and the span that answers
+/// it, if it holds one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Located {
+    /// The unit.
+    pub unit: Unit,
+    /// Weighted share (0 to 1) of the sub-question's terms the unit holds (terms only in
+    /// the document name or heading count 0.7).
+    pub score: f32,
+    /// The value answering the sub-question, copied from the unit.
+    pub span: Option<String>,
+}
+
+/// Extra terms a kind of slot matches in evidence (a `where` question matches a venue).
+fn slot_expansion(slot: Slot) -> &'static [&'static str] {
+    match slot {
+        Slot::Place => &["venue", "location", "room", "address"],
+        _ => &[],
+    }
+}
+
+/// How well `unit` matches `sub`: `None` when it lacks a required name.
+pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
+    let text: HashSet<String> = terms_of(&unit.text).into_iter().collect();
+    let context: HashSet<String> = terms_of(&unit.match_text()).into_iter().collect();
+    let mut total = 0.0;
+    let mut hit = 0.0;
+    for t in &sub.terms {
+        total += t.weight;
+        if text.contains(&t.term) {
+            hit += t.weight;
+        } else if context.contains(&t.term) {
+            hit += 0.7 * t.weight;
+        } else if t.required {
+            return None;
+        }
+    }
+    let expansion = slot_expansion(sub.slot)
+        .iter()
+        .any(|t| context.contains(&terms_of(t).concat()));
+    if expansion {
+        hit += 0.5;
+        total += 0.5;
+    }
+    if total <= 0.0 {
+        return None;
+    }
+    let mut score = hit / total;
+    // A unit about another day or month than the one asked (`Monday chemistry` for a
+    // Wednesday question) is a near miss.
+    let asked: Vec<&str> = WEEKDAYS_MONTHS
+        .iter()
+        .copied()
+        .filter(|d| sub.terms.iter().any(|t| t.term == terms_of(d).concat()))
+        .collect();
+    if !asked.is_empty() {
+        let other = WEEKDAYS_MONTHS.iter().any(|d| {
+            let t = terms_of(d).concat();
+            !asked.contains(d) && text.contains(&t)
+        });
+        let same = asked.iter().any(|d| text.contains(&terms_of(d).concat()));
+        if other && !same {
+            score *= 0.5;
+        }
+    }
+    Some(score)
+}
+
+/// The best units of `units` for `sub`, best first (at most `k`); equally good units are
+/// ordered by position, the later first when the sub-question asks for the latest or the
+/// document is a log.
+pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
+    let mut out: Vec<Located> = units
+        .iter()
+        .filter_map(|u| {
+            let score = score_unit(sub, u)?;
+            (score > 0.0).then(|| Located {
+                span: extract(sub, u),
+                unit: u.clone(),
+                score,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.score
+            .partial_cmp(&a.score)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then_with(|| {
+                let later = sub.latest || is_log(&a.unit) || is_log(&b.unit);
+                if a.unit.document == b.unit.document && later {
+                    b.unit.position.cmp(&a.unit.position)
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            })
+    });
+    out.truncate(k);
+    out
+}
+
+fn is_log(u: &Unit) -> bool {
+    let h = format!("{} {}", u.document, u.heading).to_lowercase();
+    ["log", "history", "record"].iter().any(|w| h.contains(w))
+}
+
+// ---------------------------------------------------------------------------------------
+// Spans
+// ---------------------------------------------------------------------------------------
+
+fn re(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
+    cell.get_or_init(|| {
+        Regex::new(pattern).unwrap_or_else(|_| Regex::new("$^").unwrap_or_else(|_| unreachable!()))
+    })
+}
+
+fn quantity_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
+    )
+}
+
+fn number_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(&R, r"\b\d[\d,]*(?:\.\d+)?\b")
+}
+
+fn time_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)\b\d{1,2}[:.]\d{2}\s?(?:[ap]\.?m\.?)?|\b\d{1,2}\s?[ap]\.?m\.?|\bnoon\b|\bmidnight\b",
+    )
+}
+
+fn date_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)\b(?:(?:mon|tues|wednes|thurs|fri|satur|sun)day(?:,? \d{1,2}(?:st|nd|rd|th)?(?: (?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*)?)?|\d{1,2}(?:st|nd|rd|th)? (?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*(?: \d{4})?|(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]* \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?)\b",
+    )
+}
+
+fn person_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"\b[A-Z][a-zà-ÿ'’]+(?:[- ](?:[A-Z][a-zà-ÿ'’]+|de|van|von|da|del|al))*[- ][A-Z][a-zà-ÿ'’]+(?:-[A-Z][a-zà-ÿ'’]+)?\b",
+    )
+}
+
+fn code_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"\b(?:[A-Z]{1,4}[- ]?\d{1,5}[A-Z]?|\d{1,3}[A-Z]{1,2}|(?:Floor|Level|Room|Lab|Gate|Ch|Channel|Bay|Stand|Platform|Desk|Shelf|Berth|Pitch|Court)\.? ?[A-Z]?\d{1,4}[A-Z]?|\d{1,2}(?:st|nd|rd|th) floor)\b",
+    )
+}
+
+fn place_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"\b[A-Z][\w'’]+(?: (?:of|the|and|on|de)?\s?[A-Z][\w'’]+)*\b",
+    )
+}
+
+/// Candidate spans of `text` that are values of the kind `slot` asks for, in order.
+fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
+    let found = |r: &Regex| -> Vec<String> {
+        r.find_iter(text)
+            .map(|m| m.as_str().trim().to_owned())
+            .collect()
+    };
+    match slot {
+        Slot::Person => found(person_re()),
+        Slot::Time => found(time_re()),
+        Slot::Date => {
+            let mut v = found(date_re());
+            if v.is_empty() {
+                v = found(time_re());
+            }
+            v
+        }
+        Slot::Quantity => found(quantity_re()),
+        Slot::Place => {
+            let mut v = found(code_re());
+            v.extend(
+                found(place_re())
+                    .into_iter()
+                    .filter(|p| !WEEKDAYS_MONTHS.contains(&p.to_lowercase().as_str())),
+            );
+            v
+        }
+        Slot::Thing => {
+            let mut v = found(quantity_re());
+            v.extend(found(code_re()));
+            v.extend(found(person_re()));
+            v
+        }
+    }
+}
+
+fn term_matches(a: &str, b: &str) -> bool {
+    a == b || (a.len() >= 4 && b.len() >= 4 && (a.starts_with(b) || b.starts_with(a)))
+}
+
+/// Whether a value only repeats the question (the entity asked about is no answer).
+fn only_repeats(sub: &SubQuestion, value: &str) -> bool {
+    let ts = terms_of(value);
+    !ts.is_empty() && ts.iter().all(|t| sub.terms.iter().any(|q| q.term == *t))
+}
+
+fn cell_fits(slot: Slot, value: &str) -> bool {
+    if !value.chars().any(char::is_alphanumeric) {
+        return false;
+    }
+    match slot {
+        Slot::Person => value.chars().any(char::is_uppercase),
+        Slot::Quantity => value.chars().any(|c| c.is_ascii_digit()),
+        Slot::Time => time_re().is_match(value),
+        Slot::Date => date_re().is_match(value) || time_re().is_match(value),
+        Slot::Place | Slot::Thing => true,
+    }
+}
+
+/// The value of `unit` that answers `sub`, copied verbatim: the cell (or `key: value`
+/// value) under a name matching the slot's words; else, after the slot's noun in the
+/// text (`gate B14`); else the first value of the slot's kind that does not merely repeat
+/// the question. `None` when the unit holds no such value.
+pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
+    // 1. A named field whose name matches the slot's words.
+    if !sub.slot_terms.is_empty() {
+        let mut best: Option<(usize, &str)> = None;
+        for (k, v) in &unit.fields {
+            let kt = terms_of(k);
+            let hits = sub
+                .slot_terms
+                .iter()
+                .filter(|s| kt.iter().any(|t| term_matches(t, s)))
+                .count();
+            if hits > 0
+                && cell_fits(sub.slot, v)
+                && !only_repeats(sub, v)
+                && best.is_none_or(|(h, _)| hits > h)
+            {
+                best = Some((hits, v));
+            }
+        }
+        if let Some((_, v)) = best {
+            return Some(v.to_owned());
+        }
+    }
+    // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`).
+    let specific_noun = matches!(sub.slot, Slot::Place | Slot::Thing) && !sub.slot_terms.is_empty();
+    if specific_noun {
+        let lower = unit.text.to_lowercase();
+        for s in &sub.slot_terms {
+            let mut from = 0;
+            while let Some(i) = lower[from..].find(s.as_str()) {
+                let at = from + i;
+                let after = &unit.text[at..];
+                let window: String = after
+                    .split_whitespace()
+                    .take(4)
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                if let Some(m) = code_re().find(&window) {
+                    return Some(m.as_str().to_owned());
+                }
+                from = at + s.len();
+            }
+        }
+    }
+    // 3. A value of the slot's kind, in a field first.
+    let values: Vec<&str> = if unit.fields.is_empty() {
+        vec![unit.text.as_str()]
+    } else {
+        unit.fields.iter().map(|(_, v)| v.as_str()).collect()
+    };
+    for v in values {
+        for span in typed_spans(sub.slot, v) {
+            if !only_repeats(sub, &span) && !(specific_noun && sub.slot == Slot::Thing) {
+                if specific_noun && sub.slot == Slot::Place && !unit.fields.is_empty() {
+                    // A table row without the asked-for column holds another kind of code.
+                    continue;
+                }
+                return Some(span);
+            }
+        }
+    }
+    None
+}
+
+/// Names and codes of `unit` that the sub-question does not mention: what a bridge
+/// question asks about next (`CV 317`, `Larch`, `Persistence`).
+pub fn link_terms(sub: &SubQuestion, unit: &Unit) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let sources: Vec<&str> = if unit.fields.is_empty() {
+        vec![unit.text.as_str()]
+    } else {
+        unit.fields.iter().map(|(_, v)| v.as_str()).collect()
+    };
+    for s in sources {
+        for (i, w) in words(s).iter().enumerate() {
+            let has_digit = w.chars().any(|c| c.is_ascii_digit());
+            let cap = capitalised(w) && (i > 0 || !unit.fields.is_empty());
+            if !(has_digit || cap) {
+                continue;
+            }
+            for t in terms_of(w) {
+                let known = sub.terms.iter().any(|q| q.term == t);
+                let weekday = WEEKDAYS_MONTHS.contains(&t.as_str());
+                if !known && !weekday && !out.contains(&t) && t.chars().any(char::is_alphabetic) {
+                    out.push(t);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The follow-up sub-question of a bridge: the same slot asked about the link entity
+/// found in `unit` (the link names are required, the slot's words weigh most).
+pub fn follow_up(sub: &SubQuestion, unit: &Unit, link: &[String]) -> SubQuestion {
+    let mut terms: Vec<Term> = link
+        .iter()
+        .map(|t| Term {
+            term: t.clone(),
+            weight: 2.0,
+            required: false,
+        })
+        .collect();
+    for t in &sub.slot_terms {
+        if !terms.iter().any(|x| &x.term == t) {
+            terms.push(Term {
+                term: t.clone(),
+                weight: 2.0,
+                required: false,
+            });
+        }
+    }
+    for t in &sub.terms {
+        if !terms.iter().any(|x| x.term == t.term) {
+            terms.push(Term {
+                term: t.term.clone(),
+                weight: 0.3,
+                required: false,
+            });
+        }
+    }
+    let named: Vec<&str> = unit
+        .fields
+        .iter()
+        .map(|(_, v)| v.as_str())
+        .filter(|v| link.iter().any(|l| terms_of(v).contains(l)))
+        .collect();
+    let about = if named.is_empty() {
+        link.join(" ")
+    } else {
+        named.join(", ")
+    };
+    SubQuestion {
+        text: format!("{} (about {about})", sub.text.trim_end_matches('?')),
+        slot: sub.slot,
+        slot_terms: sub.slot_terms.clone(),
+        terms,
+        latest: sub.latest,
+    }
+}
+
+/// Share of `sub`'s weighted terms found in any of `units` (a chain of evidence).
+pub fn chain_score(sub: &SubQuestion, units: &[&Unit]) -> f32 {
+    let all: HashSet<String> = units
+        .iter()
+        .flat_map(|u| terms_of(&u.match_text()))
+        .collect();
+    let total: f32 = sub.terms.iter().map(|t| t.weight).sum();
+    let hit: f32 = sub
+        .terms
+        .iter()
+        .filter(|t| all.contains(&t.term))
+        .map(|t| t.weight)
+        .sum();
+    if total > 0.0 {
+        hit / total
+    } else {
+        0.0
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Calculations
+// ---------------------------------------------------------------------------------------
+
+/// A number with its unit, read from a span (`4,150 litres`, `0.80 kg per litre`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantity {
+    /// The value.
+    pub value: f64,
+    /// Canonical unit (`kg`, `l`, ...; empty for none).
+    pub unit: String,
+    /// Canonical unit after `per` / `/` (a rate), if any.
+    pub per: Option<String>,
+    /// The span as written.
+    pub text: String,
+}
+
+fn canonical_unit(u: &str) -> String {
+    let u = u.trim().trim_end_matches('.').to_lowercase();
+    let u = u.as_str();
+    match u {
+        "kilogram" | "kilograms" | "kg" | "kgs" => "kg",
+        "gram" | "grams" | "g" => "g",
+        "tonne" | "tonnes" | "t" => "t",
+        "litre" | "litres" | "liter" | "liters" | "l" => "l",
+        "millilitre" | "millilitres" | "ml" => "ml",
+        "metre" | "metres" | "meter" | "meters" | "m" => "m",
+        "centimetre" | "centimetres" | "cm" => "cm",
+        "minute" | "minutes" | "min" | "mins" => "min",
+        "hour" | "hours" | "h" | "hr" | "hrs" => "h",
+        "second" | "seconds" | "s" | "sec" | "secs" => "s",
+        "percent" | "per cent" | "%" => "%",
+        other => other,
+    }
+    .to_owned()
+}
+
+/// Factor to convert `from` into `to` when both measure the same thing.
+fn conversion(from: &str, to: &str) -> Option<f64> {
+    let scale = |u: &str| -> Option<(&'static str, f64)> {
+        Some(match u {
+            "kg" => ("mass", 1000.0),
+            "g" => ("mass", 1.0),
+            "t" => ("mass", 1_000_000.0),
+            "l" => ("volume", 1000.0),
+            "ml" => ("volume", 1.0),
+            "m" => ("length", 100.0),
+            "cm" => ("length", 1.0),
+            "h" => ("time", 3600.0),
+            "min" => ("time", 60.0),
+            "s" => ("time", 1.0),
+            _ => return None,
+        })
+    };
+    if from == to {
+        return Some(1.0);
+    }
+    let (a, fa) = scale(from)?;
+    let (b, fb) = scale(to)?;
+    (a == b).then_some(fa / fb)
+}
+
+/// Reads a quantity from a span.
+pub fn parse_quantity(span: &str) -> Option<Quantity> {
+    let m = number_re().find(span)?;
+    let value: f64 = m.as_str().replace(',', "").parse().ok()?;
+    let rest = span[m.end()..].trim();
+    let (unit, per) = match rest.split_once(" per ").or_else(|| rest.split_once('/')) {
+        Some((u, p)) => (
+            u.trim(),
+            Some(canonical_unit(p.split_whitespace().next().unwrap_or(""))),
+        ),
+        None => (rest, None),
+    };
+    let unit = unit.split_whitespace().next().unwrap_or("");
+    Some(Quantity {
+        value,
+        unit: canonical_unit(unit),
+        per,
+        text: span.trim().to_owned(),
+    })
+}
+
+/// What a calculation question asks to do with the numbers it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CalcOp {
+    /// How much is left between two amounts of one kind (`how much more`, `headroom`).
+    Difference,
+    /// An amount times a rate (`litres` × `kg per litre`).
+    Product,
+}
+
+/// The unit a question asks its answer in (`in kilograms`), canonical.
+pub fn asked_unit(question: &str) -> Option<String> {
+    let lower = question.to_lowercase();
+    let ws: Vec<&str> = lower
+        .split(|c: char| !c.is_alphanumeric() && c != '%')
+        .filter(|w| !w.is_empty())
+        .collect();
+    ws.windows(2).find_map(|w| {
+        let u = canonical_unit(w[1]);
+        (w[0] == "in" && conversion(&u, &u).is_some() && u.len() <= 3).then_some(u)
+    })
+}
+
+/// Whether the question asks for a difference between two amounts.
+pub fn asks_difference(question: &str) -> bool {
+    let lower = question.to_lowercase();
+    [
+        "how much more",
+        "how many more",
+        "left",
+        "remaining",
+        "spare",
+        "headroom",
+        "short of",
+        "difference",
+        "still need",
+        "to go",
+    ]
+    .iter()
+    .any(|c| lower.contains(c))
+}
+
+/// A calculation over two cited quantities: the expression with its inputs and result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calculation {
+    /// `2.8 kg − 2.35 kg = 0.45 kg`.
+    pub shown: String,
+    /// The result with its unit (`0.45 kg`).
+    pub result: String,
+}
+
+fn format_qty(x: f64, unit: &str) -> String {
+    let rounded = (x * 1000.0).round() / 1000.0;
+    let int = rounded.trunc() as i64;
+    let frac = rounded - rounded.trunc();
+    let mut digits = int.abs().to_string();
+    let mut grouped = String::new();
+    while digits.len() > 3 {
+        let tail = digits.split_off(digits.len() - 3);
+        grouped = format!(",{tail}{grouped}");
+    }
+    grouped = format!("{}{digits}{grouped}", if int < 0 { "-" } else { "" });
+    if frac.abs() > 1e-9 {
+        let f = format!("{:.3}", frac.abs());
+        grouped.push_str(f.trim_start_matches('0').trim_end_matches('0'));
+    }
+    if unit.is_empty() {
+        grouped
+    } else {
+        format!("{grouped} {unit}")
+    }
+}
+
+/// Combines `a` and `b` as `op` asks, when their units allow it: a difference of two
+/// amounts of one kind (in the unit of the larger, also in grams/millilitres when below 1),
+/// or an amount times a rate per that amount's unit. The arithmetic is the calculator's.
+pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> {
+    let eval = |expr: String| super::tools::evaluate(&expr).ok();
+    match op {
+        CalcOp::Difference => {
+            if a.per.is_some() || b.per.is_some() || a.unit.is_empty() {
+                return None;
+            }
+            let f = conversion(&b.unit, &a.unit)?;
+            let (big, small, small_v) = if a.value >= b.value * f {
+                (a, b, b.value * f)
+            } else {
+                (b, a, a.value / f)
+            };
+            let big_v = if std::ptr::eq(big, a) {
+                a.value
+            } else {
+                b.value
+            };
+            let unit = &big.unit;
+            let small_in_big = if std::ptr::eq(big, a) {
+                small_v
+            } else {
+                a.value / f
+            };
+            let r = eval(format!("{big_v} - {small_in_big}"))?;
+            let mut result = format_qty(r, unit);
+            if r.abs() < 1.0 {
+                let sub = match unit.as_str() {
+                    "kg" => Some("g"),
+                    "l" => Some("ml"),
+                    "m" => Some("cm"),
+                    _ => None,
+                };
+                if let Some(su) = sub {
+                    let k = conversion(unit, su)?;
+                    result = format!("{result} ({})", format_qty(r * k, su));
+                }
+            }
+            let _ = small;
+            Some(Calculation {
+                shown: format!("{} − {} = {result}", big.text, small.text),
+                result,
+            })
+        }
+        CalcOp::Product => {
+            let (amount, rate) = match (&a.per, &b.per) {
+                (None, Some(_)) => (a, b),
+                (Some(_), None) => (b, a),
+                _ => return None,
+            };
+            let f = conversion(&amount.unit, rate.per.as_deref()?)?;
+            let r = eval(format!("{} * {} * {}", amount.value, f, rate.value))?;
+            let result = format_qty(r, &rate.unit);
+            Some(Calculation {
+                shown: format!("{} × {} = {result}", amount.text, rate.text),
+                result,
+            })
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Answers
+// ---------------------------------------------------------------------------------------
+
+/// A task's structured result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Answer {
+    /// At most [`MAX_ANSWER_WORDS`] words.
+    pub answer: String,
+    /// Evidence of every fact used.
+    pub citations: Vec<Citation>,
+    /// How far it goes.
+    pub status: AnswerStatus,
+}
+
+/// One answered (or unanswered) part of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartAnswer {
+    /// The sub-question.
+    pub question: String,
+    /// The value, copied from evidence (or computed from cited values); `None`: not found.
+    pub value: Option<String>,
+    /// The evidence.
+    pub citations: Vec<Citation>,
+}
+
+/// Fills the answer template from the parts: the values, in the order asked, joined by
+/// `;`; an unanswered part says `unknown: <sub-question>`. Cut to [`MAX_ANSWER_WORDS`].
+pub fn compose(parts: &[PartAnswer]) -> Answer {
+    let found = parts.iter().filter(|p| p.value.is_some()).count();
+    let status = if parts.is_empty() || found == 0 {
+        AnswerStatus::Unknown
+    } else if found == parts.len() {
+        AnswerStatus::Answered
+    } else {
+        AnswerStatus::Partial
+    };
+    let mut text = if found == 0 {
+        let q = parts
+            .first()
+            .map(|p| p.question.as_str())
+            .unwrap_or("the question");
+        format!(
+            "unknown: no node in the swarm holds the answer to \"{}\"",
+            q.trim()
+        )
+    } else {
+        parts
+            .iter()
+            .map(|p| match &p.value {
+                Some(v) => v.clone(),
+                None => format!("unknown: {}", p.question.trim()),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let ws: Vec<&str> = text.split_whitespace().collect();
+    if ws.len() > MAX_ANSWER_WORDS {
+        text = ws[..MAX_ANSWER_WORDS].join(" ");
+    }
+    if !text.ends_with(['.', '?', '!', '"']) {
+        text.push('.');
+    }
+    let mut citations: Vec<Citation> = Vec::new();
+    for c in parts.iter().flat_map(|p| &p.citations) {
+        if !citations.contains(c) {
+            citations.push(c.clone());
+        }
+    }
+    Answer {
+        answer: text,
+        citations,
+        status,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Routing: which node answers which sub-question
+// ---------------------------------------------------------------------------------------
+
+/// Evidence one node located for a sub-question.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeHit {
+    /// The node.
+    pub node_id: String,
+    /// What it located.
+    pub located: Located,
+}
+
+/// Least [`Located::score`] for evidence to count as found.
+pub const MIN_SCORE: f32 = 0.3;
+/// How much more of the question a chain of two units must cover than the best single
+/// unit before a bridge is preferred.
+pub const CHAIN_MARGIN: f32 = 0.15;
+
+/// How a sub-question is answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "route", rename_all = "snake_case")]
+pub enum Route {
+    /// One node holds the value.
+    Direct {
+        /// The node.
+        node_id: String,
+    },
+    /// One node names an entity whose value another node holds.
+    Bridge {
+        /// The node naming the entity.
+        first: String,
+        /// The node holding the value (as probed; the follow-up goes to the swarm's best).
+        second: String,
+    },
+    /// Two nodes hold the numbers of a calculation.
+    Calc {
+        /// The operation.
+        op: CalcOp,
+        /// The two nodes.
+        nodes: [String; 2],
+    },
+    /// No node holds it.
+    NotFound,
+}
+
+/// The best hit holding a value, if it is good enough.
+pub fn best_direct(hits: &[NodeHit]) -> Option<&NodeHit> {
+    hits.iter()
+        .filter(|h| h.located.span.is_some() && h.located.score >= MIN_SCORE)
+        .max_by(|a, b| {
+            a.located
+                .score
+                .partial_cmp(&b.located.score)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+}
+
+/// Hits that may start a bridge: good matches without a value that name something the
+/// question does not (best first, at most `n`), with their follow-up questions.
+pub fn bridge_starts(sub: &SubQuestion, hits: &[NodeHit], n: usize) -> Vec<(NodeHit, SubQuestion)> {
+    let mut v: Vec<&NodeHit> = hits
+        .iter()
+        .filter(|h| h.located.span.is_none() && h.located.score >= MIN_SCORE)
+        .collect();
+    v.sort_by(|a, b| {
+        b.located
+            .score
+            .partial_cmp(&a.located.score)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    v.into_iter()
+        .filter_map(|h| {
+            let link = link_terms(sub, &h.located.unit);
+            (!link.is_empty()).then(|| (h.clone(), follow_up(sub, &h.located.unit, &link)))
+        })
+        .take(n)
+        .collect()
+}
+
+/// The best hit for a follow-up that holds a value and names one of the link terms.
+pub fn best_follow(follow: &SubQuestion, hits: &[NodeHit]) -> Option<NodeHit> {
+    let links: Vec<&String> = follow
+        .terms
+        .iter()
+        .filter(|t| t.weight >= 2.0 && !follow.slot_terms.contains(&t.term))
+        .map(|t| &t.term)
+        .collect();
+    hits.iter()
+        .filter(|h| h.located.span.is_some())
+        .filter(|h| {
+            let ts = terms_of(&h.located.unit.text);
+            links.iter().any(|l| ts.contains(l))
+        })
+        .max_by(|a, b| {
+            a.located
+                .score
+                .partial_cmp(&b.located.score)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .cloned()
+}
+
+/// Whether a chain (`first` then `second`) beats the best direct hit.
+pub fn chain_wins(
+    sub: &SubQuestion,
+    direct: Option<&NodeHit>,
+    first: &Unit,
+    second: &Unit,
+) -> bool {
+    let chain = chain_score(sub, &[first, second]);
+    let single = direct.map_or(0.0, |d| chain_score(sub, &[&d.located.unit]));
+    chain >= MIN_SCORE && chain > single + CHAIN_MARGIN
+}
+
+/// Whether `sub` of `question` needs a calculation: it asks for a quantity and either a
+/// difference or a unit that the best direct value is not in.
+pub fn calc_op(question: &str, sub: &SubQuestion, direct: Option<&NodeHit>) -> Option<CalcOp> {
+    if sub.slot != Slot::Quantity {
+        return None;
+    }
+    if asks_difference(question) {
+        return Some(CalcOp::Difference);
+    }
+    let unit = asked_unit(question)?;
+    let direct_unit = direct
+        .and_then(|d| d.located.span.as_deref())
+        .and_then(parse_quantity)
+        .map(|q| q.unit);
+    (direct_unit.as_deref() != Some(unit.as_str())).then_some(CalcOp::Product)
+}
+
+/// The two hits (from different documents) whose quantities `op` combines, best first.
+pub fn plan_calc(op: CalcOp, hits: &[NodeHit]) -> Option<(NodeHit, NodeHit, Calculation)> {
+    let mut qs: Vec<(&NodeHit, Quantity)> = hits
+        .iter()
+        .filter(|h| h.located.score >= MIN_SCORE * 0.6)
+        .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?)))
+        .collect();
+    qs.sort_by(|a, b| {
+        b.0.located
+            .score
+            .partial_cmp(&a.0.located.score)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    for (i, (ha, a)) in qs.iter().enumerate() {
+        for (hb, b) in qs.iter().skip(i + 1) {
+            if ha.located.unit.document == hb.located.unit.document && ha.node_id == hb.node_id {
+                continue;
+            }
+            if let Some(c) = calculate(op, a, b) {
+                return Some(((*ha).clone(), (*hb).clone(), c));
+            }
+        }
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------------------
+// The inquiry: a sans-IO plan of tasks and rounds
+// ---------------------------------------------------------------------------------------
+
+/// One unit of work: a sub-question for one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// Node asked.
+    pub node_id: String,
+    /// What it is asked.
+    pub sub: SubQuestion,
+    /// What it located (best first), once it answered.
+    pub result: Option<Vec<Located>>,
+}
+
+/// A sub-question with its route and steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Part {
+    /// The sub-question.
+    pub sub: SubQuestion,
+    /// How it is answered.
+    pub route: Route,
+    /// Steps in the order they run (a bridge's second step is added after the first).
+    pub steps: Vec<Step>,
+}
+
+/// What the host does next in a grounded inquiry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Assign these steps (node id, task text) as tasks and wait for them.
+    Assign(Vec<(String, String)>),
+    /// Everything is known: conclude with this answer.
+    Conclude(Answer),
+}
+
+/// The host's state of one grounded inquiry: the parts of the question, who answers each,
+/// and what came back. It does no IO: the runtime runs the steps at this node through
+/// `local` and sends the others as tasks; results come back with [`Inquiry::record`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inquiry {
+    /// The task's question.
+    pub question: String,
+    /// This node's id (its own steps run locally).
+    pub me: String,
+    /// The parts.
+    pub parts: Vec<Part>,
+}
+
+impl Inquiry {
+    /// An inquiry over routed parts: the first step of each route is planned.
+    pub fn new(question: &str, me: &str, routed: Vec<(SubQuestion, Route)>) -> Self {
+        let parts = routed
+            .into_iter()
+            .map(|(sub, route)| {
+                let steps = match &route {
+                    Route::Direct { node_id } => vec![Step {
+                        node_id: node_id.clone(),
+                        sub: sub.clone(),
+                        result: None,
+                    }],
+                    Route::Bridge { first, .. } => vec![Step {
+                        node_id: first.clone(),
+                        sub: sub.clone(),
+                        result: None,
+                    }],
+                    Route::Calc { nodes, .. } => nodes
+                        .iter()
+                        .map(|n| Step {
+                            node_id: n.clone(),
+                            sub: sub.clone(),
+                            result: None,
+                        })
+                        .collect(),
+                    Route::NotFound => Vec::new(),
+                };
+                Part { sub, route, steps }
+            })
+            .collect();
+        Self {
+            question: question.to_owned(),
+            me: me.to_owned(),
+            parts,
+        }
+    }
+
+    /// Nodes other than this one that take part.
+    pub fn members(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for p in &self.parts {
+            let ids: Vec<&String> = match &p.route {
+                Route::Direct { node_id } => vec![node_id],
+                Route::Bridge { first, second } => vec![first, second],
+                Route::Calc { nodes, .. } => nodes.iter().collect(),
+                Route::NotFound => vec![],
+            };
+            for id in ids {
+                if id != &self.me && !out.contains(id) {
+                    out.push(id.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The sub-question of a pending step of `node_id` whose text is `text`.
+    pub fn step_sub(&self, node_id: &str, text: &str) -> Option<SubQuestion> {
+        self.parts
+            .iter()
+            .flat_map(|p| &p.steps)
+            .find(|s| s.node_id == node_id && s.sub.text == text && s.result.is_none())
+            .map(|s| s.sub.clone())
+    }
+
+    /// Records what `node_id` located for the step asked as `text`.
+    pub fn record(&mut self, node_id: &str, text: &str, found: Vec<Located>) {
+        for p in &mut self.parts {
+            for s in &mut p.steps {
+                if s.node_id == node_id && s.sub.text == text && s.result.is_none() {
+                    s.result = Some(found);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Marks every pending step of `node_id` asked as `text` as answered with nothing
+    /// (the task failed).
+    pub fn fail(&mut self, node_id: &str, text: &str) {
+        self.record(node_id, text, Vec::new());
+    }
+
+    /// The next thing to do. Steps at this node run through `local` at once; a bridge
+    /// whose first step named an entity gets its follow-up step; when no step is pending
+    /// the answer is composed. `last_turn`: conclude now with what is known.
+    pub fn next(&mut self, local: &dyn Fn(&SubQuestion) -> Vec<Located>, last_turn: bool) -> Next {
+        loop {
+            // Follow-ups of bridges whose first step is back.
+            for p in &mut self.parts {
+                if let (Route::Bridge { second, .. }, 1) = (&p.route, p.steps.len()) {
+                    if let Some(found) = &p.steps[0].result {
+                        if let Some(first) = found.first() {
+                            let link = link_terms(&p.sub, &first.unit);
+                            if !link.is_empty() {
+                                let follow = follow_up(&p.sub, &first.unit, &link);
+                                p.steps.push(Step {
+                                    node_id: second.clone(),
+                                    sub: follow,
+                                    result: None,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            let mut ran_local = false;
+            for s in self.parts.iter_mut().flat_map(|p| &mut p.steps) {
+                if s.result.is_none() && s.node_id == self.me {
+                    s.result = Some(local(&s.sub));
+                    ran_local = true;
+                }
+            }
+            if !ran_local {
+                break;
+            }
+        }
+        let pending: Vec<(String, String)> = self
+            .parts
+            .iter()
+            .flat_map(|p| &p.steps)
+            .filter(|s| s.result.is_none())
+            .map(|s| (s.node_id.clone(), s.sub.text.clone()))
+            .collect();
+        if pending.is_empty() || last_turn {
+            Next::Conclude(self.answer())
+        } else {
+            Next::Assign(pending)
+        }
+    }
+
+    /// The answer from what is known now (see [`compose`]); `name_of` is applied later by
+    /// the runtime (citations carry node ids in `node` until then).
+    pub fn answer(&self) -> Answer {
+        let parts: Vec<PartAnswer> = self.parts.iter().map(|p| self.part_answer(p)).collect();
+        compose(&parts)
+    }
+
+    fn part_answer(&self, p: &Part) -> PartAnswer {
+        let cite = |node: &str, l: &Located| Citation {
+            node: node.to_owned(),
+            node_id: node.to_owned(),
+            document: l.unit.document.clone(),
+            quote: l.unit.text.clone(),
+        };
+        let question = p.sub.text.clone();
+        let none = PartAnswer {
+            question: question.clone(),
+            value: None,
+            citations: Vec::new(),
+        };
+        let valued = |s: &Step| -> Option<Located> {
+            s.result
+                .as_ref()?
+                .iter()
+                .find(|l| l.span.is_some() && l.score >= MIN_SCORE)
+                .cloned()
+        };
+        match &p.route {
+            Route::NotFound => none,
+            Route::Direct { .. } => {
+                let Some(s) = p.steps.first() else {
+                    return none;
+                };
+                match valued(s) {
+                    Some(l) => PartAnswer {
+                        question,
+                        value: l.span.clone(),
+                        citations: vec![cite(&s.node_id, &l)],
+                    },
+                    None => none,
+                }
+            }
+            Route::Bridge { .. } => {
+                let (Some(a), Some(b)) = (p.steps.first(), p.steps.get(1)) else {
+                    return none;
+                };
+                let Some(first) = a.result.as_ref().and_then(|r| r.first()) else {
+                    return none;
+                };
+                let links: Vec<String> = link_terms(&p.sub, &first.unit);
+                let second = b.result.as_ref().and_then(|r| {
+                    r.iter()
+                        .find(|l| {
+                            l.span.is_some()
+                                && terms_of(&l.unit.text).iter().any(|t| links.contains(t))
+                        })
+                        .cloned()
+                });
+                match second {
+                    Some(l) => PartAnswer {
+                        question,
+                        value: l.span.clone(),
+                        citations: vec![cite(&a.node_id, first), cite(&b.node_id, &l)],
+                    },
+                    None => none,
+                }
+            }
+            Route::Calc { op, .. } => {
+                let hits: Vec<NodeHit> = p
+                    .steps
+                    .iter()
+                    .flat_map(|s| {
+                        s.result.iter().flatten().map(|l| NodeHit {
+                            node_id: s.node_id.clone(),
+                            located: l.clone(),
+                        })
+                    })
+                    .collect();
+                match plan_calc(*op, &hits) {
+                    Some((a, b, c)) => PartAnswer {
+                        question,
+                        value: Some(c.shown.clone()),
+                        citations: vec![
+                            cite(&a.node_id, &a.located),
+                            cite(&b.node_id, &b.located),
+                            Citation {
+                                node: self.me.clone(),
+                                node_id: self.me.clone(),
+                                document: "calculator".into(),
+                                quote: c.shown,
+                            },
+                        ],
+                    },
+                    None => none,
+                }
+            }
+        }
+    }
+}
+
+/// Routes one sub-question from the first probe's hits; bridges need a second probe, so
+/// their candidates are returned for the caller to probe (then [`route_with_bridges`]).
+pub fn route_direct(question: &str, sub: &SubQuestion, hits: &[NodeHit]) -> Route {
+    let direct = best_direct(hits);
+    if let Some(op) = calc_op(question, sub, direct) {
+        if let Some((a, b, _)) = plan_calc(op, hits) {
+            return Route::Calc {
+                op,
+                nodes: [a.node_id, b.node_id],
+            };
+        }
+    }
+    match direct {
+        Some(d) => Route::Direct {
+            node_id: d.node_id.clone(),
+        },
+        None => Route::NotFound,
+    }
+}
+
+/// The route once bridge candidates were probed: `chains` holds, per bridge start, the
+/// hits of its follow-up question.
+pub fn route_with_bridges(
+    question: &str,
+    sub: &SubQuestion,
+    hits: &[NodeHit],
+    chains: &[((NodeHit, SubQuestion), Vec<NodeHit>)],
+) -> Route {
+    let base = route_direct(question, sub, hits);
+    if matches!(base, Route::Calc { .. }) {
+        return base;
+    }
+    let direct = best_direct(hits);
+    for ((start, follow), follow_hits) in chains {
+        if let Some(end) = best_follow(follow, follow_hits) {
+            if chain_wins(sub, direct, &start.located.unit, &end.located.unit) {
+                return Route::Bridge {
+                    first: start.node_id.clone(),
+                    second: end.node_id.clone(),
+                };
+            }
+        }
+    }
+    base
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str =
+        "# Departures — 12 July\n\n| Flight | Destination | Gate |\n|---|---|---|\n\
+        | CV 317 | Valdessa | B14 |\n| CV 319 | Valdessa | C3 |\n\nGates may change.\n";
+
+    #[test]
+    fn documents_become_rows_sentences_and_key_values() {
+        let u = document_units("departures.md", TABLE);
+        assert_eq!(u[0].heading, "Departures — 12 July");
+        assert_eq!(
+            u[0].text,
+            "Flight: CV 317; Destination: Valdessa; Gate: B14"
+        );
+        assert_eq!(u[0].fields[2], ("Gate".into(), "B14".into()));
+        assert_eq!(u[2].text, "Gates may change.");
+        let kv = document_units(
+            "o.md",
+            "Chief arbiter: Ludmila Ferncastle.\nDeputy: Colm Ade.\n",
+        );
+        assert_eq!(kv.len(), 2);
+        assert_eq!(
+            kv[0].fields,
+            vec![("Chief arbiter".into(), "Ludmila Ferncastle".into())]
+        );
+    }
+
+    #[test]
+    fn questions_split_into_their_own_clauses_with_context() {
+        let subs = decompose(
+            "We are starting the Lumen greenhouse. At what temperature do moonflower seeds \
+             germinate best, and on which day does the supply shuttle Kestrel dock at Lumen station?",
+        );
+        assert_eq!(subs.len(), 2, "{subs:?}");
+        assert_eq!(subs[0].slot, Slot::Quantity);
+        assert_eq!(subs[1].slot, Slot::Date);
+        assert!(subs[1]
+            .text
+            .starts_with("We are starting the Lumen greenhouse: on which day"));
+        let subs = decompose(
+            "For Pepperkorn the greyhound: what does he weigh, and who is doing his anaesthetic?",
+        );
+        assert_eq!(subs.len(), 2, "{subs:?}");
+        assert_eq!(subs[0].slot, Slot::Quantity);
+        assert_eq!(subs[1].slot, Slot::Person);
+        assert!(subs[1].terms.iter().any(|t| t.term == "pepperkorn"));
+        let one =
+            decompose("Which gate does the flight carrying the Merrin Youth Choir leave from?");
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].slot, Slot::Place);
+        assert_eq!(one[0].slot_terms, vec!["gat".to_string()], "stemmed like the index");
+        assert!(one[0]
+            .terms
+            .iter()
+            .any(|t| t.term == "merrin" && t.required));
+    }
+
+    #[test]
+    fn values_are_copied_from_the_named_column_or_after_the_noun() {
+        let sub = &decompose("Which gate does CV 317 leave from?")[0];
+        let units = document_units("departures.md", TABLE);
+        let best = &locate(sub, &units, 3)[0];
+        assert_eq!(best.span.as_deref(), Some("B14"));
+        let prose = document_units("p.md", "The flight departs from gate B14 at ten.");
+        assert_eq!(extract(sub, &prose[0]).as_deref(), Some("B14"));
+        // A unit without the asked-for value holds no span (a bridge starts there).
+        let groups = document_units(
+            "g.md",
+            "| Group | Flight |\n|---|---|\n| Merrin Youth Choir | CV 317 to Valdessa |\n",
+        );
+        let q =
+            &decompose("Which gate does the flight carrying the Merrin Youth Choir leave from?")[0];
+        assert_eq!(extract(q, &groups[0]), None);
+        assert!(link_terms(q, &groups[0]).contains(&"valdessa".to_string()));
+    }
+
+    #[test]
+    fn a_bridge_asks_the_follow_up_of_the_node_holding_the_value() {
+        let q = "Which gate does the flight carrying the Merrin Youth Choir leave from?";
+        let groups = document_units(
+            "groups.md",
+            "| Group | Flight |\n|---|---|\n| Merrin Youth Choir | CV 317 to Valdessa |\n",
+        );
+        let gates = document_units("departures.md", TABLE);
+        let sub = decompose(q).remove(0);
+        let hits = |units: &[Unit], node: &str, s: &SubQuestion| -> Vec<NodeHit> {
+            locate(s, units, 4)
+                .into_iter()
+                .map(|l| NodeHit {
+                    node_id: node.into(),
+                    located: l,
+                })
+                .collect()
+        };
+        let mut h = hits(&groups, "jas", &sub);
+        h.extend(hits(&gates, "otis", &sub));
+        let starts = bridge_starts(&sub, &h, 2);
+        assert_eq!(starts.len(), 1);
+        let follow_hits = hits(&gates, "otis", &starts[0].1);
+        let route = route_with_bridges(q, &sub, &h, &[(starts[0].clone(), follow_hits)]);
+        assert_eq!(
+            route,
+            Route::Bridge {
+                first: "jas".into(),
+                second: "otis".into()
+            }
+        );
+        let mut inq = Inquiry::new(q, "me", vec![(sub, route)]);
+        assert_eq!(inq.members(), vec!["jas".to_string(), "otis".to_string()]);
+        let none = |_: &SubQuestion| Vec::new();
+        let Next::Assign(first) = inq.next(&none, false) else {
+            panic!("assign")
+        };
+        assert_eq!(first.len(), 1);
+        let s1 = inq.step_sub("jas", &first[0].1).unwrap();
+        inq.record("jas", &first[0].1, locate(&s1, &groups, 4));
+        let Next::Assign(second) = inq.next(&none, false) else {
+            panic!("follow-up")
+        };
+        assert_eq!(second[0].0, "otis");
+        let s2 = inq.step_sub("otis", &second[0].1).unwrap();
+        inq.record("otis", &second[0].1, locate(&s2, &gates, 4));
+        let Next::Conclude(a) = inq.next(&none, false) else {
+            panic!("conclude")
+        };
+        assert_eq!(a.answer, "B14.");
+        assert_eq!(a.status, AnswerStatus::Answered);
+        assert_eq!(a.citations.len(), 2);
+        assert!(a.citations[1].quote.contains("Gate: B14"));
+    }
+
+    #[test]
+    fn calculations_take_cited_quantities_and_check_units() {
+        let uplift = parse_quantity("4,150 litres").unwrap();
+        let density = parse_quantity("0.80 kg per litre").unwrap();
+        let c = calculate(CalcOp::Product, &uplift, &density).unwrap();
+        assert_eq!(c.result, "3,320 kg");
+        assert_eq!(c.shown, "4,150 litres × 0.80 kg per litre = 3,320 kg");
+        let limit = parse_quantity("2.8 kg").unwrap();
+        let mass = parse_quantity("2.35 kg").unwrap();
+        let d = calculate(CalcOp::Difference, &mass, &limit).unwrap();
+        assert_eq!(d.result, "0.45 kg (450 g)");
+        assert!(
+            calculate(CalcOp::Difference, &uplift, &limit).is_none(),
+            "litres minus kg"
+        );
+        assert_eq!(
+            asked_unit("What fuel mass in kilograms goes on the sheet?").as_deref(),
+            Some("kg")
+        );
+        assert!(asks_difference("How much more weight can we add?"));
+    }
+
+    #[test]
+    fn answers_are_short_cited_and_say_unknown_plainly() {
+        let part = |v: Option<&str>| PartAnswer {
+            question: "who?".into(),
+            value: v.map(str::to_owned),
+            citations: Vec::new(),
+        };
+        assert_eq!(
+            compose(&[part(Some("24 degrees")), part(Some("Thursday"))]).answer,
+            "24 degrees; Thursday."
+        );
+        let unknown = compose(&[part(None)]);
+        assert_eq!(unknown.status, AnswerStatus::Unknown);
+        assert!(unknown.answer.starts_with("unknown:"));
+        assert_eq!(
+            compose(&[part(Some("x")), part(None)]).status,
+            AnswerStatus::Partial
+        );
+        let long = "word ".repeat(100);
+        assert_eq!(
+            compose(&[part(Some(&long))])
+                .answer
+                .split_whitespace()
+                .count(),
+            MAX_ANSWER_WORDS
+        );
+    }
+}

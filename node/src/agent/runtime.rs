@@ -25,13 +25,15 @@ use tokio_util::sync::CancellationToken;
 use super::card::{AgentCard, CardBook, CardHit, CARD_KIND};
 use super::chat::{
     ChatConfig, ChatState, Decision, DecisionType, Effect, GroupChat, Input, LaunchParams,
-    LostTurnReason, MemberRef, Message, Rejection, Task, TaskState,
+    LostTurnReason, MemberRef, Message, Rejection, Task, TaskSpec as ChatTaskSpec, TaskState,
 };
 use super::executor::{Executor, TaskSpec};
-use super::grounded::{AnswerStatus, Citation};
 use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
+use super::grounded::{
+    self, Answer, AnswerStatus, Citation, Inquiry, Located, Next, NodeHit, SubQuestion,
+};
 use super::llm::Llm;
-use crate::config::{AgentKind, HumanFallback, HumanInput, NodeConfig};
+use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
 use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
 use crate::store::{GroupRecord, Store, TaskRecord};
 
@@ -119,8 +121,17 @@ pub enum AgentEvent {
     Concluded {
         /// Group id.
         group_id: String,
-        /// The conclusion.
+        /// The group's conclusion message.
         conclusion: String,
+        /// The task's answer (at most 60 words; see [`TaskResult::answer`]).
+        #[serde(default)]
+        answer: String,
+        /// Evidence of every fact in the answer.
+        #[serde(default)]
+        citations: Vec<Citation>,
+        /// Answered, partly answered or unknown.
+        #[serde(default)]
+        status: AnswerStatus,
     },
     /// A human proxy's person is asked for input (answer with `POST /api/human/{id}`).
     HumanInputRequested {
@@ -196,6 +207,10 @@ pub struct TaskRequest {
     pub sub_team_depth: Option<u32>,
     /// Max depth of the tree.
     pub max_depth: u32,
+    /// In a grounded inquiry: the sub-question to locate evidence for (the member answers
+    /// with cited units, not free text).
+    #[serde(default)]
+    pub grounded: Option<SubQuestion>,
 }
 
 /// `agent`/`task` reply.
@@ -207,7 +222,34 @@ pub struct TaskReply {
     pub result: String,
     /// Sub-team formed, if any.
     pub child_group: Option<String>,
+    /// In a grounded inquiry: the evidence located, best first.
+    #[serde(default)]
+    pub evidence: Vec<Located>,
 }
+
+/// `agent`/`locate` request: which units of your documents answer these sub-questions?
+/// Answered from the documents alone (no model), so probing the swarm is cheap.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocateRequest {
+    /// The sub-questions.
+    pub subs: Vec<SubQuestion>,
+}
+
+/// `agent`/`locate` reply: per sub-question, the best units (at most [`LOCATE_K`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocateReply {
+    /// Per sub-question, in order.
+    pub hits: Vec<Vec<Located>>,
+}
+
+/// Units a node returns per sub-question when probed or asked.
+pub const LOCATE_K: usize = 4;
+/// Most sub-questions one `locate` request may carry.
+pub const MAX_LOCATE_SUBS: usize = 16;
+/// Cards probed per query (the task and each sub-question) in a grounded inquiry.
+pub const PROBE_CARDS: usize = 5;
+/// Most nodes probed for one task.
+pub const MAX_PROBED: usize = 12;
 
 /// `agent`/`message` notification.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -634,6 +676,9 @@ impl Agent {
         parent: Option<String>,
         depth: u32,
     ) -> Result<TaskResult, AgentError> {
+        if self.0.config.agent.collaboration == Collaboration::Grounded {
+            return self.run_grounded(task, group_id, parent, depth).await;
+        }
         let (p0, c0, _) = self.0.llm.counters().snapshot();
         self.emit(AgentEvent::TaskSubmitted {
             group_id: group_id.clone(),
@@ -688,11 +733,14 @@ impl Agent {
             self.emit(AgentEvent::Concluded {
                 group_id: group_id.clone(),
                 conclusion: out.answer.clone(),
+                answer: clip_words(&out.answer, grounded::MAX_ANSWER_WORDS),
+                citations: Vec::new(),
+                status: AnswerStatus::Unknown,
             });
             TaskResult {
                 group_id,
                 members: vec![self.0.name.clone()],
-                answer: out.answer.clone(),
+                answer: clip_words(&out.answer, grounded::MAX_ANSWER_WORDS),
                 citations: Vec::new(),
                 status: AnswerStatus::Unknown,
                 conclusion: out.answer,
@@ -711,7 +759,7 @@ impl Agent {
                 });
             }
             let params = self.launch_params(group_id.clone(), task, members, depth);
-            self.host_group(params, parent).await?
+            self.host_group(params, parent, None).await?
         };
         let (p1, c1, _) = self.0.llm.counters().snapshot();
         Ok(TaskResult {
@@ -720,11 +768,251 @@ impl Agent {
         })
     }
 
+    /// Answers `task` as a grounded inquiry: the task's own clauses become sub-questions;
+    /// the cards that match them are searched and those nodes probed (`agent`/`locate`,
+    /// documents only, no model) for cited evidence; each sub-question is routed to the
+    /// node holding its value (or, for a bridge, the node naming the entity and then the one
+    /// holding its value; for a calculation, the two holding its numbers). The team is the
+    /// nodes routed to; this node hosts a moderated group chat that assigns the
+    /// sub-questions as tasks, asks the follow-ups in a second round and concludes with the
+    /// answer built from the cited spans. When this node holds everything (or nobody holds
+    /// anything) it answers alone.
+    async fn run_grounded(
+        &self,
+        task: &str,
+        group_id: String,
+        parent: Option<String>,
+        depth: u32,
+    ) -> Result<TaskResult, AgentError> {
+        let (p0, c0, _) = self.0.llm.counters().snapshot();
+        self.emit(AgentEvent::TaskSubmitted {
+            group_id: group_id.clone(),
+            task: task.to_owned(),
+        });
+        let subs = grounded::decompose(task);
+        // Search: the cards matching the task or one of its sub-questions.
+        let mut candidates: Vec<String> = Vec::new();
+        let queries = std::iter::once(task.to_owned()).chain(subs.iter().map(|s| s.text.clone()));
+        for q in queries {
+            for h in self.search_cards(&q, PROBE_CARDS).await {
+                if !candidates.contains(&h.card.node_id) {
+                    candidates.push(h.card.node_id);
+                }
+            }
+        }
+        candidates.truncate(MAX_PROBED);
+        let hits = self.probe(&candidates, &subs).await;
+        let mut routed = Vec::new();
+        for (sub, sub_hits) in subs.iter().zip(&hits) {
+            let starts = grounded::bridge_starts(sub, sub_hits, 2);
+            let chains = if starts.is_empty() {
+                Vec::new()
+            } else {
+                let follows: Vec<SubQuestion> = starts.iter().map(|(_, f)| f.clone()).collect();
+                let follow_hits = self.probe(&candidates, &follows).await;
+                starts.into_iter().zip(follow_hits).collect()
+            };
+            let route = grounded::route_with_bridges(task, sub, sub_hits, &chains);
+            tracing::debug!(sub = %sub.text, ?route, "routed");
+            routed.push((sub.clone(), route));
+        }
+        let inquiry = Inquiry::new(task, &self.0.me, routed);
+        let member_ids = inquiry.members();
+        self.emit(AgentEvent::TeamFormed {
+            group_id: group_id.clone(),
+            members: member_ids.iter().map(|m| self.name_of(m)).collect(),
+            calls: 0,
+        });
+        let result = if member_ids.is_empty() {
+            let mut inquiry = inquiry;
+            let docs = self.0.executor.tools().docs().cloned();
+            let local = move |s: &SubQuestion| {
+                docs.as_ref()
+                    .map(|d| d.locate(s, LOCATE_K))
+                    .unwrap_or_default()
+            };
+            let answer = match inquiry.next(&local, true) {
+                Next::Conclude(a) => self.named(a),
+                Next::Assign(_) => self.named(inquiry.answer()),
+            };
+            self.emit(AgentEvent::Concluded {
+                group_id: group_id.clone(),
+                conclusion: answer_message(&answer),
+                answer: answer.answer.clone(),
+                citations: answer.citations.clone(),
+                status: answer.status,
+            });
+            TaskResult {
+                group_id,
+                members: vec![self.0.name.clone()],
+                conclusion: answer_message(&answer),
+                answer: answer.answer,
+                citations: answer.citations,
+                status: answer.status,
+                turns: 0,
+                tokens: 0,
+            }
+        } else {
+            let mut members = vec![MemberRef {
+                id: self.0.me.clone(),
+                name: self.0.name.clone(),
+            }];
+            members.extend(member_ids.iter().map(|id| MemberRef {
+                id: id.clone(),
+                name: self.name_of(id),
+            }));
+            let mut params = self.launch_params(group_id, task, members, depth);
+            params.config.moderated = true;
+            // The host's turns are computed, not generated: nothing to guard against.
+            params.config.repetition_guard = false;
+            params.max_turns = params.max_turns.max(4);
+            let inquiry = Arc::new(Mutex::new(inquiry));
+            self.host_group(params, parent, Some(inquiry)).await?
+        };
+        let (p1, c1, _) = self.0.llm.counters().snapshot();
+        Ok(TaskResult {
+            tokens: (p1 - p0) + (c1 - c0),
+            ..result
+        })
+    }
+
+    /// Asks `nodes` (this one answered locally) which of their units answer `subs`; per
+    /// sub-question, every node's hits. Nodes that fail to answer are left out.
+    async fn probe(&self, nodes: &[String], subs: &[SubQuestion]) -> Vec<Vec<NodeHit>> {
+        let mut out: Vec<Vec<NodeHit>> = vec![Vec::new(); subs.len()];
+        for (i, sub) in subs.iter().enumerate() {
+            for l in self.locate_local(sub) {
+                out[i].push(NodeHit {
+                    node_id: self.0.me.clone(),
+                    located: l,
+                });
+            }
+        }
+        let peers: Vec<NodeId> = nodes
+            .iter()
+            .filter(|n| **n != self.0.me)
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        if peers.is_empty() || subs.is_empty() {
+            return out;
+        }
+        let body = match serde_json::to_vec(&LocateRequest {
+            subs: subs.iter().take(MAX_LOCATE_SUBS).cloned().collect(),
+        }) {
+            Ok(b) => b,
+            Err(_) => return out,
+        };
+        for (peer, r) in self.0.swarm.fan_out(&peers, SERVICE, "locate", body).await {
+            let reply: LocateReply = match r
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(peer = %peer.short(), error = %e, "probe failed");
+                    continue;
+                }
+            };
+            for (i, hits) in reply.hits.into_iter().enumerate().take(subs.len()) {
+                for l in hits.into_iter().take(LOCATE_K) {
+                    out[i].push(NodeHit {
+                        node_id: peer.to_string(),
+                        located: l,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The best units of this node's documents for `sub`.
+    fn locate_local(&self, sub: &SubQuestion) -> Vec<Located> {
+        self.0
+            .executor
+            .tools()
+            .docs()
+            .map(|d| d.locate(sub, LOCATE_K))
+            .unwrap_or_default()
+    }
+
+    /// A grounded task: the units of this node's documents that answer `sub`, quoted; the
+    /// task result names the value and its evidence, or says nothing was found.
+    fn grounded_task(&self, sub: &SubQuestion) -> TaskReply {
+        let evidence = self.locate_local(sub);
+        let valued = evidence
+            .iter()
+            .find(|l| l.span.is_some() && l.score >= grounded::MIN_SCORE);
+        let result = match (valued, evidence.first()) {
+            (Some(l), _) => format!(
+                "{} (\"{}\", {})",
+                l.span.as_deref().unwrap_or_default(),
+                l.unit.text,
+                l.unit.document
+            ),
+            (None, Some(l)) if l.score >= grounded::MIN_SCORE => {
+                format!("related: \"{}\" ({})", l.unit.text, l.unit.document)
+            }
+            _ => "not found in my documents".to_owned(),
+        };
+        TaskReply {
+            ok: !evidence.is_empty(),
+            result,
+            child_group: None,
+            evidence,
+        }
+    }
+
+    /// The host's decision for its turn in a grounded inquiry.
+    fn inquiry_turn(&self, inquiry: &Mutex<Inquiry>, last: bool) -> Decision {
+        let docs = self.0.executor.tools().docs().cloned();
+        let local = move |s: &SubQuestion| {
+            docs.as_ref()
+                .map(|d| d.locate(s, LOCATE_K))
+                .unwrap_or_default()
+        };
+        let next = lock(inquiry).next(&local, last);
+        match next {
+            Next::Assign(steps) => Decision {
+                msg_type: DecisionType::AssignSync,
+                content: format!(
+                    "{} sub-question(s) of the task, each for the member whose documents hold its evidence.",
+                    steps.len()
+                ),
+                next_speakers: Vec::new(),
+                tasks: steps
+                    .into_iter()
+                    .map(|(assignee, task_desc)| ChatTaskSpec {
+                        assignee,
+                        task_abstract: None,
+                        task_desc,
+                    })
+                    .collect(),
+                triggers: Vec::new(),
+            },
+            Next::Conclude(a) => Decision {
+                msg_type: DecisionType::Conclude,
+                content: answer_message(&self.named(a)),
+                next_speakers: Vec::new(),
+                tasks: Vec::new(),
+                triggers: Vec::new(),
+            },
+        }
+    }
+
+    /// `a` with node names in its citations.
+    fn named(&self, mut a: Answer) -> Answer {
+        for c in &mut a.citations {
+            c.node = self.name_of(&c.node_id);
+        }
+        a
+    }
+
     /// Hosts a group chat to its conclusion.
     pub async fn host_group(
         &self,
         params: LaunchParams,
         parent: Option<String>,
+        inquiry: Option<Arc<Mutex<Inquiry>>>,
     ) -> Result<TaskResult, AgentError> {
         let started = Instant::now();
         let clock = move || started.elapsed().as_millis() as u64;
@@ -756,6 +1044,17 @@ impl Agent {
                         schema,
                         ..
                     } => {
+                        // A grounded inquiry: the host's turns are the inquiry's plan (assign
+                        // the sub-questions, then the follow-ups, then conclude), no model.
+                        if let (Some(inq), true) = (&inquiry, member == self.0.me) {
+                            let last = allowed_types == [DecisionType::Conclude];
+                            let decision = self.inquiry_turn(inq, last);
+                            let _ = tx.send(Input::Decision {
+                                from: member,
+                                decision,
+                            });
+                            continue;
+                        }
                         // Opening turn of a launched team: the initiator splits the work,
                         // one task per recruited member (the model writes the tasks).
                         let (allowed, schema) = if !opening_done
@@ -827,12 +1126,23 @@ impl Agent {
                             task: task.clone(),
                             sub_team_depth,
                             max_depth: chat.max_depth(),
+                            grounded: inquiry
+                                .as_ref()
+                                .and_then(|i| lock(i).step_sub(&task.assignee, &task.desc)),
                         };
                         let a = self.clone();
                         let tx = tx.clone();
                         let timeout = Duration::from_millis(chat.config().task_timeout_ms);
+                        let inq = inquiry.clone();
                         tokio::spawn(async move {
                             let reply = a.run_remote_task(&task.assignee, &req, timeout).await;
+                            if let Some(i) = &inq {
+                                let evidence = reply
+                                    .as_ref()
+                                    .map(|r| r.evidence.clone())
+                                    .unwrap_or_default();
+                                lock(i).record(&task.assignee, &task.desc, evidence);
+                            }
                             let (ok, result) = match reply {
                                 Ok(r) => {
                                     if let Some(child) = r.child_group {
@@ -872,7 +1182,21 @@ impl Agent {
                 }
             }
             if let Some(c) = conclusion.take() {
-                let full = with_findings(&c, chat.tasks(), |id| self.name_of(id));
+                let full = match &inquiry {
+                    Some(_) => c.clone(),
+                    None => with_findings(&c, chat.tasks(), |id| self.name_of(id)),
+                };
+                let answer = match &inquiry {
+                    Some(i) => {
+                        let a = lock(i).answer();
+                        self.named(a)
+                    }
+                    None => Answer {
+                        answer: clip_words(&c, grounded::MAX_ANSWER_WORDS),
+                        citations: Vec::new(),
+                        status: AnswerStatus::Unknown,
+                    },
+                };
                 self.persist_group(&chat, parent.clone()).await;
                 for t in chat.tasks() {
                     self.persist_task(&group_id, t).await;
@@ -901,13 +1225,16 @@ impl Agent {
                 self.emit(AgentEvent::Concluded {
                     group_id: group_id.clone(),
                     conclusion: full.clone(),
+                    answer: answer.answer.clone(),
+                    citations: answer.citations.clone(),
+                    status: answer.status,
                 });
                 return Ok(TaskResult {
                     group_id,
                     members: member_names,
-                    answer: full.clone(),
-                    citations: Vec::new(),
-                    status: AnswerStatus::Unknown,
+                    answer: answer.answer,
+                    citations: answer.citations,
+                    status: answer.status,
                     conclusion: full,
                     turns: chat.turn(),
                     tokens: 0,
@@ -1140,6 +1467,7 @@ impl Agent {
                         ok: true,
                         result: text,
                         child_group: None,
+                        evidence: Vec::new(),
                     }
                 }
                 None if self.0.config.agent.human_fallback == HumanFallback::Skip => {
@@ -1147,10 +1475,14 @@ impl Agent {
                         ok: false,
                         result: "the person did not answer in time".into(),
                         child_group: None,
+                        evidence: Vec::new(),
                     }
                 }
                 None => {}
             }
+        }
+        if let Some(sub) = &req.grounded {
+            return self.grounded_task(sub);
         }
         let spec = TaskSpec {
             task_id: format!("{}/{}", req.group_id, req.task.id),
@@ -1175,6 +1507,7 @@ impl Agent {
                         ok: true,
                         result: r.conclusion,
                         child_group: Some(child),
+                        evidence: Vec::new(),
                     }
                 }
                 Ok(None) => {}
@@ -1186,11 +1519,13 @@ impl Agent {
                 ok: out.ok,
                 result: with_evidence(&out.answer, &out.steps),
                 child_group: None,
+                evidence: Vec::new(),
             },
             Err(e) => TaskReply {
                 ok: false,
                 result: e.to_string(),
                 child_group: None,
+                evidence: Vec::new(),
             },
         }
     }
@@ -1220,7 +1555,7 @@ impl Agent {
                 name: r.name.clone(),
             }));
             let params = this.launch_params(group_id, &goal, members, depth);
-            Ok(Some(this.host_group(params, Some(parent)).await?))
+            Ok(Some(this.host_group(params, Some(parent), None).await?))
         })
     }
 
@@ -1353,6 +1688,20 @@ impl Agent {
                 tracing::info!(from = %req.from.short(), task = %r.task.id, ok = reply.ok, "task done");
                 serde_json::to_vec(&reply).map_err(|e| rpc_err(RpcErrorCode::Internal, e))
             }
+            "locate" => {
+                let r: LocateRequest = serde_json::from_slice(&req.body)
+                    .map_err(|e| rpc_err(RpcErrorCode::BadRequest, e))?;
+                if r.subs.len() > MAX_LOCATE_SUBS {
+                    return Err(rpc_err(
+                        RpcErrorCode::BadRequest,
+                        format!("at most {MAX_LOCATE_SUBS} sub-questions per request"),
+                    ));
+                }
+                let reply = LocateReply {
+                    hits: r.subs.iter().map(|s| self.locate_local(s)).collect(),
+                };
+                serde_json::to_vec(&reply).map_err(|e| rpc_err(RpcErrorCode::Internal, e))
+            }
             "message" => {
                 let n: MessageNote = serde_json::from_slice(&req.body)
                     .map_err(|e| rpc_err(RpcErrorCode::BadRequest, e))?;
@@ -1422,6 +1771,31 @@ pub struct GroupBody {
 /// no passage or calculation on this node grounded it.
 fn needs_help(out: &super::executor::TaskOutcome) -> bool {
     !out.verified && !out.steps.iter().any(|s| s.grounded)
+}
+
+/// Locks `m`, also when a panic poisoned it (the data is plain state, never half-written).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The first `n` words of `text`.
+fn clip_words(text: &str, n: usize) -> String {
+    text.split_whitespace()
+        .take(n)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The conclusion message of a grounded inquiry: the answer, then its sources.
+pub fn answer_message(a: &Answer) -> String {
+    let mut s = a.answer.clone();
+    if !a.citations.is_empty() {
+        s.push_str("\nSources:");
+        for c in &a.citations {
+            s.push_str(&format!("\n- {} ({}): \"{}\"", c.node, c.document, c.quote));
+        }
+    }
+    s
 }
 
 /// Wire name of a chat state.

@@ -689,6 +689,17 @@ impl SearchDocs {
         index.search(query, k)
     }
 
+    /// The best `k` units of the folder for a sub-question (see
+    /// [`super::grounded::locate`]).
+    pub fn locate(
+        &self,
+        sub: &super::grounded::SubQuestion,
+        k: usize,
+    ) -> Vec<super::grounded::Located> {
+        let index = self.index.read().unwrap_or_else(|p| p.into_inner());
+        super::grounded::locate(sub, index.units(), k)
+    }
+
     /// Re-reads the folder (on a blocking thread). Returns the number of passages.
     pub async fn reload(&self) -> Result<usize, DocsError> {
         let (root, limits) = {

@@ -117,7 +117,7 @@ pub fn write_personas(dir: &Path, api_port: u16) -> anyhow::Result<Vec<NodeConfi
 /// Summary printed with `--json`.
 #[derive(Debug, serde::Serialize)]
 struct Summary {
-    conclusion: String,
+    answer: String,
     group_id: String,
     seconds: f64,
     tokens_all_nodes: u64,
@@ -204,13 +204,13 @@ pub fn run(home: &Path, args: DemoArgs) -> anyhow::Result<()> {
         let (p0, c0) = tokens(&nodes);
         let started = Instant::now();
         let group_id = crate::agent::runtime::new_group_id();
-        let mut follower = Follower::new(group_id.clone(), args.json);
+        let mut follower = Follower::new(group_id.clone(), args.json, true);
         let mut rx = ada.agent.events();
         let agent = ada.agent.clone();
         let task = args.task.clone();
         let gid = group_id.clone();
         let job = tokio::spawn(async move { agent.submit_as(&task, gid).await });
-        let conclusion = loop {
+        let answer = loop {
             match rx.recv().await {
                 Ok(ev) => match follower.on(&ev) {
                     Step::More => {}
@@ -226,7 +226,7 @@ pub fn run(home: &Path, args: DemoArgs) -> anyhow::Result<()> {
         let _ = job.await;
         let (p1, c1) = tokens(&nodes);
         let summary = Summary {
-            conclusion,
+            answer,
             group_id,
             seconds: started.elapsed().as_secs_f64(),
             tokens_all_nodes: (p1 - p0) + (c1 - c0),

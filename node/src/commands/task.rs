@@ -1,5 +1,5 @@
-//! `starling task "..."`: submit a task to the local node, follow its team's chat live,
-//! print the conclusion. Also the live printer `starling demo` uses.
+//! `starling task "..."`: submit a task to the local node, print its answer and citations
+//! (with `-v` also the group chat, live). Also the live printer `starling demo` uses.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -30,24 +30,31 @@ pub struct Follower {
     groups: HashSet<String>,
     root: String,
     json: bool,
+    chat: bool,
 }
 
 /// What an event meant for the follower.
 pub enum Step {
     /// Keep following.
     More,
-    /// The root group concluded with this text.
+    /// The root group concluded with this answer.
     Done(String),
     /// The task failed.
     Failed(String),
 }
 
 impl Follower {
-    /// Follows group `root`.
-    pub fn new(root: String, json: bool) -> Self {
+    /// Follows group `root`; `chat`: print the group chat live too (otherwise only the
+    /// team and, at the end, the answer with its citations).
+    pub fn new(root: String, json: bool, chat: bool) -> Self {
         let mut groups = HashSet::new();
         groups.insert(root.clone());
-        Self { groups, root, json }
+        Self {
+            groups,
+            root,
+            json,
+            chat,
+        }
     }
 
     fn mine(&self, group: &str) -> bool {
@@ -81,15 +88,21 @@ impl Follower {
             if let Ok(line) = serde_json::to_string(ev) {
                 println!("{line}");
             }
-        } else {
+        } else if self.chat
+            || matches!(
+                ev,
+                AgentEvent::TeamFormed { .. }
+                    | AgentEvent::Concluded { .. }
+                    | AgentEvent::TaskFailed { .. }
+            )
+        {
             print_event(ev);
         }
         let _ = std::io::stdout().flush();
         match ev {
             AgentEvent::Concluded {
-                group_id,
-                conclusion,
-            } if *group_id == self.root => Step::Done(conclusion.clone()),
+                group_id, answer, ..
+            } if *group_id == self.root => Step::Done(answer.clone()),
             AgentEvent::TaskFailed { group_id, error } if *group_id == self.root => {
                 Step::Failed(error.clone())
             }
@@ -159,14 +172,29 @@ pub fn print_event(ev: &AgentEvent) {
             };
             println!("  {member} loses its turn: {why}");
         }
-        AgentEvent::Concluded { conclusion, .. } => println!("\nconclusion:\n{conclusion}"),
+        AgentEvent::Concluded {
+            answer,
+            citations,
+            status,
+            ..
+        } => {
+            println!("\nanswer: {answer}");
+            if citations.is_empty() {
+                println!("sources: none ({status:?})");
+            } else {
+                println!("sources:");
+                for c in citations {
+                    println!("  - {} ({}): \"{}\"", c.node, c.document, c.quote);
+                }
+            }
+        }
         AgentEvent::TaskFailed { error, .. } => println!("failed: {error}"),
         _ => {}
     }
 }
 
-/// Submits and follows a task.
-pub fn run(args: TaskArgs) -> anyhow::Result<()> {
+/// Submits and follows a task; `chat`: also print the group chat (`-v`).
+pub fn run(args: TaskArgs, chat: bool) -> anyhow::Result<()> {
     super::block_on(async move {
         // Subscribe first so no event is missed.
         let client = reqwest::Client::builder()
@@ -193,7 +221,7 @@ pub fn run(args: TaskArgs) -> anyhow::Result<()> {
                 },
             )
             .await?;
-        let mut f = Follower::new(sub.group_id, args.json);
+        let mut f = Follower::new(sub.group_id, args.json, chat);
         let mut buf = String::new();
         while let Some(chunk) = events.chunk().await.context("event stream broke")? {
             buf.push_str(&String::from_utf8_lossy(&chunk));
