@@ -85,6 +85,25 @@ pub enum EvalCommand {
     ///   starling eval format --tasks t.jsonl --memories m.jsonl --k 3 --json
     #[command(verbatim_doc_comment)]
     Format(super::eval_format::EvalFormatArgs),
+    /// Run multi-node question answering end to end: per scenario, one node per scenario
+    /// node on loopback (each with its own documents, all sharing one copy of the models);
+    /// the asker gets the question and the task's short answer is scored. Right: every
+    /// answer part has an alias in it (case-insensitive) and it has at most 60 words; an
+    /// answer to an answerable question that also says "unknown" (or another way to say it)
+    /// is wrong. Modes, measured in the same run:
+    ///   swarm   every scenario node is up; the question goes to the asker (default)
+    ///   alone   only the asker, with only its own documents
+    ///   oracle  one node named as the asker, holding every document of the scenario
+    /// Reports accuracy (overall, per tier, unanswerable), team precision and recall
+    /// (members recruited vs the scenario's needs), tokens and chat messages per task and
+    /// seconds per task. A scenario that fails or times out counts as wrong.
+    ///
+    /// Examples:
+    ///   starling eval swarm-qa --data swarm_qa/dev.jsonl
+    ///   starling eval swarm-qa --data dev.jsonl --mode swarm --mode alone --mode oracle
+    ///   starling eval swarm-qa --data dev.jsonl --limit 2 --json --out rows.jsonl
+    #[command(verbatim_doc_comment)]
+    SwarmQa(super::eval_swarm_qa::SwarmQaArgs),
 }
 
 /// Arguments of `starling eval team-formation`.
@@ -153,6 +172,7 @@ pub fn run(home: &Path, command: EvalCommand) -> anyhow::Result<()> {
         EvalCommand::Memory(args) => super::eval_memory::run(home, args),
         EvalCommand::Admission(args) => super::eval_admission::run(home, args),
         EvalCommand::Format(args) => super::eval_format::run(home, args),
+        EvalCommand::SwarmQa(args) => super::eval_swarm_qa::run(home, args),
     }
 }
 

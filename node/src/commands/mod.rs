@@ -8,6 +8,7 @@ pub mod eval;
 pub mod eval_admission;
 pub mod eval_format;
 pub mod eval_memory;
+pub mod eval_swarm_qa;
 pub mod generate;
 pub mod memory;
 pub mod models;
