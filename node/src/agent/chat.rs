@@ -1842,10 +1842,10 @@ mod tests {
         assert_eq!(asked(&fx), strs(&["a"]));
         let fx = say(&mut chat, "a", discuss("both found", &["c"]), T0 + 20);
         assert_eq!(asked(&fx), strs(&["a"]));
-        // Without the initiator the chat falls back to round robin.
+        // Without the initiator the ordinary policy applies again: the speaker it named.
         chat.handle(Input::MemberDown("a".into()), T0 + 30).unwrap();
         let fx = drain(&mut chat);
-        assert_eq!(asked(&fx), strs(&["b"]));
+        assert_eq!(asked(&fx), strs(&["c"]));
     }
 
     /// Members asked in these effects, in order.

@@ -78,6 +78,13 @@ impl Unit {
     }
 }
 
+/// A unit's named fields.
+type Fields = Vec<(String, String)>;
+
+/// Appends a unit (units, heading, text, fields).
+trait PushUnit: FnMut(&mut Vec<Unit>, &str, String, Fields) {}
+impl<F: FnMut(&mut Vec<Unit>, &str, String, Fields)> PushUnit for F {}
+
 fn table_cells(line: &str) -> Vec<String> {
     let t = line.trim().trim_start_matches('|').trim_end_matches('|');
     t.split('|').map(|c| c.trim().to_owned()).collect()
@@ -120,10 +127,7 @@ pub fn document_units(document: &str, text: &str) -> Vec<Unit> {
         position += 1;
     };
     let flush =
-        |paragraph: &mut String,
-         out: &mut Vec<Unit>,
-         heading: &str,
-         push: &mut dyn FnMut(&mut Vec<Unit>, &str, String, Vec<(String, String)>)| {
+        |paragraph: &mut String, out: &mut Vec<Unit>, heading: &str, push: &mut dyn PushUnit| {
             for s in split_sentences(paragraph) {
                 let fields = key_value(&s).into_iter().collect();
                 push(out, heading, s, fields);
@@ -536,7 +540,7 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
         }
     }
     if asked.is_empty() {
-        asked = lead_parts.drain(..).collect();
+        asked = std::mem::take(&mut lead_parts);
     }
     let mut clauses: Vec<String> = Vec::new();
     for q in &asked {
@@ -925,7 +929,7 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     };
     for v in values {
         for span in typed_spans(sub.slot, v) {
-            if !only_repeats(sub, &span) && !(specific_noun && sub.slot == Slot::Thing) {
+            if !(only_repeats(sub, &span) || specific_noun && sub.slot == Slot::Thing) {
                 if specific_noun && sub.slot == Slot::Place && !unit.fields.is_empty() {
                     // A table row without the asked-for column holds another kind of code.
                     continue;
@@ -1865,7 +1869,11 @@ mod tests {
             decompose("Which gate does the flight carrying the Merrin Youth Choir leave from?");
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].slot, Slot::Place);
-        assert_eq!(one[0].slot_terms, vec!["gat".to_string()], "stemmed like the index");
+        assert_eq!(
+            one[0].slot_terms,
+            vec!["gat".to_string()],
+            "stemmed like the index"
+        );
         assert!(one[0]
             .terms
             .iter()

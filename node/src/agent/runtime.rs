@@ -242,6 +242,9 @@ pub struct LocateReply {
     pub hits: Vec<Vec<Located>>,
 }
 
+/// Task results a node keeps for `GET /api/tasks/{id}`.
+pub const KEPT_RESULTS: usize = 256;
+
 /// Units a node returns per sub-question when probed or asked.
 pub const LOCATE_K: usize = 4;
 /// Most sub-questions one `locate` request may carry.
@@ -320,6 +323,9 @@ struct Inner {
     repetition_guard: bool,
     /// Shared memories (worked examples for chat turns).
     memory: Option<MemoryBook>,
+    /// Results of the latest tasks submitted here, newest last (at most
+    /// [`KEPT_RESULTS`]; in memory: the groups themselves are in the store).
+    results: Mutex<std::collections::VecDeque<TaskResult>>,
     /// Chat messages sent to members (per recipient) and received from hosts.
     pub(crate) messages_sent: std::sync::atomic::AtomicU64,
     pub(crate) messages_received: std::sync::atomic::AtomicU64,
@@ -409,6 +415,7 @@ impl Agent {
             human: Mutex::new(HashMap::new()),
             repetition_guard: opts.repetition_guard,
             memory: opts.memory.clone(),
+            results: Mutex::new(std::collections::VecDeque::new()),
             messages_sent: Default::default(),
             messages_received: Default::default(),
             cancel,
@@ -660,13 +667,29 @@ impl Agent {
     /// A failure is also published as [`AgentEvent::TaskFailed`].
     pub async fn submit_as(&self, task: &str, group_id: String) -> Result<TaskResult, AgentError> {
         let r = self.run_task(task, group_id.clone(), None, 0).await;
-        if let Err(e) = &r {
-            self.emit(AgentEvent::TaskFailed {
+        match &r {
+            Ok(result) => {
+                let mut kept = lock(&self.0.results);
+                if kept.len() >= KEPT_RESULTS {
+                    kept.pop_front();
+                }
+                kept.push_back(result.clone());
+            }
+            Err(e) => self.emit(AgentEvent::TaskFailed {
                 group_id,
                 error: e.to_string(),
-            });
+            }),
         }
         r
+    }
+
+    /// The result of a task submitted here (one of the latest [`KEPT_RESULTS`]).
+    pub fn task_result(&self, group_id: &str) -> Option<TaskResult> {
+        lock(&self.0.results)
+            .iter()
+            .rev()
+            .find(|r| r.group_id == group_id)
+            .cloned()
     }
 
     async fn run_task(

@@ -50,6 +50,7 @@ pub fn router(node: Node) -> Router {
         .route("/api/tasks", post(submit_task))
         .route("/api/groups", get(groups))
         .route("/api/groups/{id}", get(group))
+        .route("/api/tasks/{id}", get(task_result))
         .route("/api/events", get(events))
         .route("/api/models/active", get(active_model).put(switch_model))
         .route("/api/human", get(human_pending))
@@ -331,6 +332,20 @@ async fn group(
         messages,
         tasks,
     }))
+}
+
+/// `GET /api/tasks/{id}`: the result of a task submitted to this node (its answer,
+/// citations and status), by the group id `POST /api/tasks` returned.
+async fn task_result(
+    State(s): State<NodeApi>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    match s.node.agent.task_result(&id) {
+        Some(r) => Ok(Json(r).into_response()),
+        None => Err(ApiError::not_found(format!(
+            "no finished task `{id}` on this node (it may still be running: follow /api/events)"
+        ))),
+    }
 }
 
 /// `GET /api/events`: server-sent events, one JSON [`crate::agent::runtime::AgentEvent`]
