@@ -6,57 +6,14 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
 use starling_node::agent::grounded::{
     self, document_units, Inquiry, Next, NodeHit, SubQuestion, Unit,
 };
+use starling_node::commands::eval_swarm_qa::{
+    load_scenarios, score_answer, Scenario, ScenarioNode,
+};
 
-#[derive(Deserialize)]
-struct Doc {
-    name: String,
-    text: String,
-}
-
-#[derive(Deserialize)]
-struct NodeSpec {
-    name: String,
-    documents: Vec<Doc>,
-}
-
-#[derive(Deserialize)]
-struct Scenario {
-    id: String,
-    tier: String,
-    question: String,
-    answer_parts: Vec<Vec<String>>,
-    asker: String,
-    nodes: Vec<NodeSpec>,
-}
-
-const UNKNOWN: &[&str] = &[
-    "unknown",
-    "not known",
-    "no information",
-    "cannot be determined",
-    "don't know",
-    "do not know",
-    "not found",
-];
-
-fn right(answer: &str, s: &Scenario) -> bool {
-    let a = answer.to_lowercase();
-    if answer.split_whitespace().count() > grounded::MAX_ANSWER_WORDS {
-        return false;
-    }
-    let parts_ok = s
-        .answer_parts
-        .iter()
-        .all(|g| g.iter().any(|alias| a.contains(&alias.to_lowercase())));
-    let hedged = UNKNOWN.iter().any(|u| a.contains(u));
-    parts_ok && (s.tier == "unanswerable" || !hedged)
-}
-
-fn units_of(n: &NodeSpec) -> Vec<Unit> {
+fn units_of(n: &ScenarioNode) -> Vec<Unit> {
     n.documents
         .iter()
         .flat_map(|d| document_units(&d.name, &d.text))
@@ -124,14 +81,14 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
 }
 
 fn score_file(path: &Path) -> Option<(usize, usize)> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let mut n = 0;
+    if !path.exists() {
+        return None;
+    }
+    let scenarios = load_scenarios(path).expect("scenario file");
     let mut ok = 0;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let s: Scenario = serde_json::from_str(line).expect("scenario");
-        let (a, members) = answer(&s);
-        let good = right(&a, &s);
-        n += 1;
+    for s in &scenarios {
+        let (a, members) = answer(s);
+        let good = score_answer(&a, &s.answer_parts, &s.tier);
         ok += usize::from(good);
         eprintln!(
             "{} {:<12} {:<5} team {:?}: {}",
@@ -142,8 +99,8 @@ fn score_file(path: &Path) -> Option<(usize, usize)> {
             a
         );
     }
-    eprintln!("{}: {ok}/{n}", path.display());
-    Some((ok, n))
+    eprintln!("{}: {ok}/{}", path.display(), scenarios.len());
+    Some((ok, scenarios.len()))
 }
 
 #[test]

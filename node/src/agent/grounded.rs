@@ -659,10 +659,23 @@ pub struct Located {
     pub span: Option<String>,
 }
 
-/// Extra terms a kind of slot matches in evidence (a `where` question matches a venue).
+/// The index terms of the weekday and month names (`Wednesday` -> `wednesday`).
+fn calendar_terms() -> &'static [String] {
+    static TERMS: OnceLock<Vec<String>> = OnceLock::new();
+    TERMS.get_or_init(|| {
+        WEEKDAYS_MONTHS
+            .iter()
+            .map(|d| terms_of(d).concat())
+            .filter(|t| !t.is_empty())
+            .collect()
+    })
+}
+
+/// Extra terms (index terms, as [`terms_of`] gives them) a kind of slot matches in
+/// evidence (a `where` question matches a venue).
 fn slot_expansion(slot: Slot) -> &'static [&'static str] {
     match slot {
-        Slot::Place => &["venue", "location", "room", "address"],
+        Slot::Place => &["venu", "location", "room", "address"],
         _ => &[],
     }
 }
@@ -685,7 +698,7 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     }
     let expansion = slot_expansion(sub.slot)
         .iter()
-        .any(|t| context.contains(&terms_of(t).concat()));
+        .any(|t| context.contains(*t));
     if expansion {
         hit += 0.5;
         total += 0.5;
@@ -696,17 +709,16 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let mut score = hit / total;
     // A unit about another day or month than the one asked (`Monday chemistry` for a
     // Wednesday question) is a near miss.
-    let asked: Vec<&str> = WEEKDAYS_MONTHS
+    let calendar = calendar_terms();
+    let asked: Vec<&String> = calendar
         .iter()
-        .copied()
-        .filter(|d| sub.terms.iter().any(|t| t.term == terms_of(d).concat()))
+        .filter(|d| sub.terms.iter().any(|t| t.term == **d))
         .collect();
     if !asked.is_empty() {
-        let other = WEEKDAYS_MONTHS.iter().any(|d| {
-            let t = terms_of(d).concat();
-            !asked.contains(d) && text.contains(&t)
-        });
-        let same = asked.iter().any(|d| text.contains(&terms_of(d).concat()));
+        let other = calendar
+            .iter()
+            .any(|d| !asked.contains(&d) && text.contains(d));
+        let same = asked.iter().any(|d| text.contains(*d));
         if other && !same {
             score *= 0.5;
         }
@@ -730,17 +742,14 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
         })
         .collect();
     out.sort_by(|a, b| {
-        b.score
-            .partial_cmp(&a.score)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then_with(|| {
-                let later = sub.latest || is_log(&a.unit) || is_log(&b.unit);
-                if a.unit.document == b.unit.document && later {
-                    b.unit.position.cmp(&a.unit.position)
-                } else {
-                    std::cmp::Ordering::Equal
-                }
-            })
+        b.score.total_cmp(&a.score).then_with(|| {
+            let later = sub.latest || is_log(&a.unit) || is_log(&b.unit);
+            if a.unit.document == b.unit.document && later {
+                b.unit.position.cmp(&a.unit.position)
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
     });
     out.truncate(k);
     out
@@ -1205,23 +1214,14 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
                 return None;
             }
             let f = conversion(&b.unit, &a.unit)?;
-            let (big, small, small_v) = if a.value >= b.value * f {
+            // The larger amount first; the smaller one in the larger one's unit.
+            let (big, small, small_in_big) = if a.value >= b.value * f {
                 (a, b, b.value * f)
             } else {
                 (b, a, a.value / f)
             };
-            let big_v = if std::ptr::eq(big, a) {
-                a.value
-            } else {
-                b.value
-            };
             let unit = &big.unit;
-            let small_in_big = if std::ptr::eq(big, a) {
-                small_v
-            } else {
-                a.value / f
-            };
-            let r = eval(format!("{big_v} - {small_in_big}"))?;
+            let r = eval(format!("{} - {small_in_big}", big.value))?;
             let mut result = format_qty(r, unit);
             if r.abs() < 1.0 {
                 let sub = match unit.as_str() {
@@ -1235,7 +1235,6 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
                     result = format!("{result} ({})", format_qty(r * k, su));
                 }
             }
-            let _ = small;
             Some(Calculation {
                 shown: format!("{} − {} = {result}", big.text, small.text),
                 result,
@@ -1384,12 +1383,7 @@ pub enum Route {
 pub fn best_direct(hits: &[NodeHit]) -> Option<&NodeHit> {
     hits.iter()
         .filter(|h| h.located.span.is_some() && h.located.score >= MIN_SCORE)
-        .max_by(|a, b| {
-            a.located
-                .score
-                .partial_cmp(&b.located.score)
-                .unwrap_or(std::cmp::Ordering::Equal)
-        })
+        .max_by(|a, b| a.located.score.total_cmp(&b.located.score))
 }
 
 /// Hits that may start a bridge: good matches without a value that name something the
@@ -1399,12 +1393,7 @@ pub fn bridge_starts(sub: &SubQuestion, hits: &[NodeHit], n: usize) -> Vec<(Node
         .iter()
         .filter(|h| h.located.span.is_none() && h.located.score >= MIN_SCORE)
         .collect();
-    v.sort_by(|a, b| {
-        b.located
-            .score
-            .partial_cmp(&a.located.score)
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
+    v.sort_by(|a, b| b.located.score.total_cmp(&a.located.score));
     v.into_iter()
         .filter_map(|h| {
             let link = link_terms(sub, &h.located.unit);
@@ -1428,12 +1417,7 @@ pub fn best_follow(follow: &SubQuestion, hits: &[NodeHit]) -> Option<NodeHit> {
             let ts = terms_of(&h.located.unit.text);
             links.iter().any(|l| ts.contains(l))
         })
-        .max_by(|a, b| {
-            a.located
-                .score
-                .partial_cmp(&b.located.score)
-                .unwrap_or(std::cmp::Ordering::Equal)
-        })
+        .max_by(|a, b| a.located.score.total_cmp(&b.located.score))
         .cloned()
 }
 
@@ -1473,12 +1457,7 @@ pub fn plan_calc(op: CalcOp, hits: &[NodeHit]) -> Option<(NodeHit, NodeHit, Calc
         .filter(|h| h.located.score >= MIN_SCORE * 0.6)
         .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?)))
         .collect();
-    qs.sort_by(|a, b| {
-        b.0.located
-            .score
-            .partial_cmp(&a.0.located.score)
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
+    qs.sort_by(|a, b| b.0.located.score.total_cmp(&a.0.located.score));
     for (i, (ha, a)) in qs.iter().enumerate() {
         for (hb, b) in qs.iter().skip(i + 1) {
             if ha.located.unit.document == hb.located.unit.document && ha.node_id == hb.node_id {
@@ -1615,12 +1594,6 @@ impl Inquiry {
                 }
             }
         }
-    }
-
-    /// Marks every pending step of `node_id` asked as `text` as answered with nothing
-    /// (the task failed).
-    pub fn fail(&mut self, node_id: &str, text: &str) {
-        self.record(node_id, text, Vec::new());
     }
 
     /// The next thing to do. Steps at this node run through `local` at once; a bridge
@@ -1824,6 +1797,13 @@ mod tests {
     const TABLE: &str =
         "# Departures — 12 July\n\n| Flight | Destination | Gate |\n|---|---|---|\n\
         | CV 317 | Valdessa | B14 |\n| CV 319 | Valdessa | C3 |\n\nGates may change.\n";
+
+    #[test]
+    fn slot_expansions_are_written_as_index_terms() {
+        let words = ["venue", "location", "room", "address"];
+        let stems: Vec<String> = words.iter().map(|w| terms_of(w).concat()).collect();
+        assert_eq!(slot_expansion(Slot::Place), stems.as_slice());
+    }
 
     #[test]
     fn documents_become_rows_sentences_and_key_values() {

@@ -771,16 +771,12 @@ impl Agent {
                 tokens: 0,
             }
         } else {
-            let mut members = vec![MemberRef {
-                id: self.0.me.clone(),
-                name: self.0.name.clone(),
-            }];
-            for r in &formation.members {
-                members.push(MemberRef {
-                    id: r.node_id.clone(),
-                    name: r.name.clone(),
-                });
-            }
+            let members = self.team(
+                formation
+                    .members
+                    .iter()
+                    .map(|r| (r.node_id.clone(), r.name.clone())),
+            );
             let params = self.launch_params(group_id.clone(), task, members, depth);
             self.host_group(params, parent, None).await?
         };
@@ -848,12 +844,7 @@ impl Agent {
         });
         let result = if member_ids.is_empty() {
             let mut inquiry = inquiry;
-            let docs = self.0.executor.tools().docs().cloned();
-            let local = move |s: &SubQuestion| {
-                docs.as_ref()
-                    .map(|d| d.locate(s, LOCATE_K))
-                    .unwrap_or_default()
-            };
+            let local = |s: &SubQuestion| self.locate_local(s);
             let answer = match inquiry.next(&local, true) {
                 Next::Conclude(a) => self.named(a),
                 Next::Assign(_) => self.named(inquiry.answer()),
@@ -876,14 +867,7 @@ impl Agent {
                 tokens: 0,
             }
         } else {
-            let mut members = vec![MemberRef {
-                id: self.0.me.clone(),
-                name: self.0.name.clone(),
-            }];
-            members.extend(member_ids.iter().map(|id| MemberRef {
-                id: id.clone(),
-                name: self.name_of(id),
-            }));
+            let members = self.team(member_ids.iter().map(|id| (id.clone(), self.name_of(id))));
             let mut params = self.launch_params(group_id, task, members, depth);
             params.config.moderated = true;
             // The host's turns are computed, not generated: nothing to guard against.
@@ -987,12 +971,7 @@ impl Agent {
 
     /// The host's decision for its turn in a grounded inquiry.
     fn inquiry_turn(&self, inquiry: &Mutex<Inquiry>, last: bool) -> Decision {
-        let docs = self.0.executor.tools().docs().cloned();
-        let local = move |s: &SubQuestion| {
-            docs.as_ref()
-                .map(|d| d.locate(s, LOCATE_K))
-                .unwrap_or_default()
-        };
+        let local = |s: &SubQuestion| self.locate_local(s);
         let next = lock(inquiry).next(&local, last);
         match next {
             Next::Assign(steps) => Decision {
@@ -1020,6 +999,17 @@ impl Agent {
                 triggers: Vec::new(),
             },
         }
+    }
+
+    /// A group's members: this node first (it hosts), then `others` (id, name).
+    fn team(&self, others: impl IntoIterator<Item = (String, String)>) -> Vec<MemberRef> {
+        let me = MemberRef {
+            id: self.0.me.clone(),
+            name: self.0.name.clone(),
+        };
+        std::iter::once(me)
+            .chain(others.into_iter().map(|(id, name)| MemberRef { id, name }))
+            .collect()
     }
 
     /// `a` with node names in its citations.
@@ -1569,14 +1559,12 @@ impl Agent {
             if formation.members.is_empty() {
                 return Ok(None);
             }
-            let mut members = vec![MemberRef {
-                id: this.0.me.clone(),
-                name: this.0.name.clone(),
-            }];
-            members.extend(formation.members.iter().map(|r| MemberRef {
-                id: r.node_id.clone(),
-                name: r.name.clone(),
-            }));
+            let members = this.team(
+                formation
+                    .members
+                    .iter()
+                    .map(|r| (r.node_id.clone(), r.name.clone())),
+            );
             let params = this.launch_params(group_id, &goal, members, depth);
             Ok(Some(this.host_group(params, Some(parent), None).await?))
         })

@@ -32,8 +32,7 @@ use crate::cli::ModelArgs;
 use crate::config::NodeConfig;
 use crate::daemon::{Node, SharedModels, StartOptions};
 
-/// The most words a scored answer may have.
-pub const MAX_ANSWER_WORDS: usize = 60;
+pub use crate::agent::grounded::MAX_ANSWER_WORDS;
 
 /// Ways to say that the swarm does not know: the part of an `unanswerable` scenario, and a
 /// hedge that makes an answer to an answerable question wrong.
@@ -559,17 +558,7 @@ pub struct NodePlan {
 /// A file name that stays inside its folder and is not hidden or skipped by the document
 /// index (which reads `.txt`, `.md` and `.markdown` files only).
 fn safe_file_name(name: &str) -> String {
-    let mut s: String = name
-        .chars()
-        .map(|c| {
-            if c == '/' || c == '\\' || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect();
-    s = s.trim_start_matches('.').to_owned();
+    let mut s = path_safe(name).trim_start_matches('.').to_owned();
     if s.is_empty() {
         s = "document".into();
     }
@@ -583,10 +572,9 @@ fn safe_file_name(name: &str) -> String {
     s
 }
 
-/// A folder name for a node: its name, kept inside the parent folder and not hidden.
-fn safe_dir_name(name: &str) -> String {
-    let s: String = name
-        .chars()
+/// `name` with path separators and control characters replaced by `_`.
+fn path_safe(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c == '/' || c == '\\' || c.is_control() {
                 '_'
@@ -594,7 +582,12 @@ fn safe_dir_name(name: &str) -> String {
                 c
             }
         })
-        .collect();
+        .collect()
+}
+
+/// A folder name for a node: its name, kept inside the parent folder and not hidden.
+fn safe_dir_name(name: &str) -> String {
+    let s = path_safe(name);
     let s = s.trim_start_matches('.');
     if s.is_empty() {
         "node".into()
