@@ -47,6 +47,22 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
         .collect();
     let subs = grounded::decompose(&s.question);
     let hits = probe(&nodes, &subs);
+    // GROUNDED_DEBUG=<scenario id>: print the sub-questions and what each node located.
+    if std::env::var("GROUNDED_DEBUG").is_ok_and(|id| id == s.id) {
+        for (sub, h) in subs.iter().zip(&hits) {
+            eprintln!(
+                "sub {:?} slot {:?} {:?}",
+                sub.text, sub.slot, sub.slot_terms
+            );
+            eprintln!("   terms {:?}", sub.terms);
+            for x in h {
+                eprintln!(
+                    "   {} {:.2} {:?} | {}",
+                    x.node_id, x.located.score, x.located.span, x.located.unit.text
+                );
+            }
+        }
+    }
     let mut routed = Vec::new();
     for (sub, h) in subs.iter().zip(&hits) {
         let starts = grounded::bridge_starts(sub, h, 2);
@@ -59,14 +75,8 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
     }
     let mut inq = Inquiry::new(&s.question, &s.asker, routed);
     let members = inq.members();
-    let own = nodes
-        .iter()
-        .find(|(n, _)| *n == s.asker)
-        .map(|(_, u)| u.clone())
-        .unwrap_or_default();
     for _round in 0..4 {
-        let local = |q: &SubQuestion| grounded::locate(q, &own, 4);
-        match inq.next(&local, false) {
+        match inq.next_step() {
             Next::Conclude(a) => return (a.answer, members),
             Next::Assign(steps) => {
                 for (node, text) in steps {
@@ -111,7 +121,6 @@ fn grounded_pipeline_answers_the_projects_own_scenarios() {
         eprintln!("dev split: {dok}/{dn}");
     }
     assert_eq!(n, 24);
-    // A regression floor: what the pipeline answered when this test was written (3 of 24:
-    // the project's own scenarios paraphrase their documents harder than the dev split).
-    assert!(ok >= 3, "only {ok}/{n} right");
+    // A regression floor: what the pipeline answered when this test was written.
+    assert!(ok >= 6, "only {ok}/{n} right");
 }

@@ -94,7 +94,7 @@ pub struct DocIndex {
     index: Bm25Index,
     files: usize,
     /// Citable units (sentences, table rows) of every file, for grounded answers.
-    units: Vec<super::grounded::Unit>,
+    units: std::sync::Arc<Vec<super::grounded::Unit>>,
 }
 
 impl DocIndex {
@@ -111,7 +111,7 @@ impl DocIndex {
             passages: Vec::new(),
             index: Bm25Index::new(),
             files: 0,
-            units: Vec::new(),
+            units: Default::default(),
         };
         index.reload()?;
         Ok(index)
@@ -149,7 +149,7 @@ impl DocIndex {
         self.files = files.len();
         self.passages = passages;
         self.index = index;
-        self.units = units;
+        self.units = std::sync::Arc::new(units);
         Ok(self.passages.len())
     }
 
@@ -262,8 +262,8 @@ impl DocIndex {
     }
 
     /// The citable units of every indexed file (see [`super::grounded::document_units`]).
-    pub fn units(&self) -> &[super::grounded::Unit] {
-        &self.units
+    pub fn units(&self) -> std::sync::Arc<Vec<super::grounded::Unit>> {
+        self.units.clone()
     }
 
     /// The indexed folder.

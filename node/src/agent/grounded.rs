@@ -229,6 +229,8 @@ pub enum Slot {
     Date,
     /// A number, usually with a unit.
     Quantity,
+    /// A number of things (`how many books`): a number, with or without a noun.
+    Count,
     /// A place, room, code or similar (where, which gate).
     Place,
     /// Anything else (what, which).
@@ -320,7 +322,9 @@ pub fn terms_of(text: &str) -> Vec<String> {
 }
 
 fn is_wh(w: &str) -> bool {
-    WH.contains(&w.to_lowercase().as_str())
+    let lower = w.to_lowercase().replace('’', "'");
+    let bare = lower.strip_suffix("'s").unwrap_or(&lower);
+    WH.contains(&bare)
 }
 
 /// The slot of one clause: its kind and the words naming it.
@@ -329,7 +333,7 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     let Some(i) = ws.iter().position(|w| is_wh(w)) else {
         return (Slot::Thing, Vec::new());
     };
-    let wh = ws[i].trim_end_matches("'s").to_owned();
+    let wh = ws[i].replace('’', "'").trim_end_matches("'s").to_owned();
     // The noun phrase after the wh-word, up to an auxiliary verb.
     let mut np: Vec<String> = Vec::new();
     for w in &ws[i + 1..] {
@@ -341,7 +345,16 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     if wh == "what" && np.first().is_some_and(|w| w == "the") {
         np.remove(0);
     }
-    let head = np.last().cloned().unwrap_or_default();
+    // The head noun: the last word before a preposition (`time on Sunday` -> `time`).
+    let preps = [
+        "on", "at", "in", "for", "of", "from", "to", "by", "with", "per",
+    ];
+    let head = np
+        .iter()
+        .take_while(|w| !preps.contains(&w.as_str()))
+        .last()
+        .cloned()
+        .unwrap_or_default();
     let rest_terms = terms_of(&np.join(" "));
     let quantity_words = [
         "weight",
@@ -389,18 +402,12 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         "who" | "whom" | "whose" => Slot::Person,
         "when" => Slot::Date,
         "where" => Slot::Place,
-        "how" => {
-            if np
-                .first()
-                .is_some_and(|w| quantity_words.contains(&w.as_str()))
-            {
-                Slot::Quantity
-            } else {
-                Slot::Thing
-            }
-        }
+        // `how many books`: a count; `how warm`, `how long`: a measured quantity.
+        "how" if np.first().is_some_and(|w| w == "many") => Slot::Count,
+        "how" if !np.is_empty() => Slot::Quantity,
+        "how" => Slot::Thing,
         _ => {
-            if head == "time" || np.first().is_some_and(|w| w == "time") && np.len() == 1 {
+            if head == "time" {
                 Slot::Time
             } else if ["day", "date", "days", "dates", "week", "month", "year"]
                 .contains(&head.as_str())
@@ -424,6 +431,28 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         }
     };
     let mut slot_terms = rest_terms;
+    // A degree adjective names the dimension the evidence states (`how warm` ->
+    // temperature).
+    if matches!(slot, Slot::Quantity) {
+        for w in &np {
+            let dims: &[&str] = match w.as_str() {
+                "warm" | "hot" | "cold" | "cool" | "warmest" | "coldest" => &["temperature"],
+                "heavy" | "heaviest" | "light" | "lightest" => &["weight", "mass"],
+                "long" | "longest" | "short" => &["length", "duration"],
+                "far" | "farthest" | "furthest" => &["distance"],
+                "old" | "oldest" => &["age"],
+                "tall" | "high" | "highest" | "tallest" => &["height"],
+                "deep" | "deepest" => &["depth"],
+                "big" | "large" | "biggest" | "largest" => &["size", "capacity"],
+                "fast" | "fastest" => &["speed"],
+                "expensive" | "cheap" => &["price", "cost"],
+                _ => &[],
+            };
+            for d in dims {
+                slot_terms.extend(terms_of(d));
+            }
+        }
+    }
     let mut slot = slot;
     // `who leads` / `what does he weigh`: the verb names the slot.
     if slot == Slot::Person || (wh == "what" && np.is_empty()) {
@@ -449,6 +478,8 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
             slot_terms.extend(terms_of(v));
         }
     }
+    let mut seen = HashSet::new();
+    slot_terms.retain(|t| seen.insert(t.clone()));
     (slot, slot_terms)
 }
 
@@ -544,9 +575,9 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
     }
     let mut clauses: Vec<String> = Vec::new();
     for q in &asked {
-        let (l, body) = match q.split_once(':') {
+        let (l, body) = match q.split_once(": ") {
             Some((l, b))
-                if l.split_whitespace().count() <= 8 && words(b).iter().any(|w| is_wh(w)) =>
+                if l.split_whitespace().count() <= 12 && words(b).iter().any(|w| is_wh(w)) =>
             {
                 (l.trim().to_owned(), b.trim().to_owned())
             }
@@ -734,7 +765,10 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
         .iter()
         .filter_map(|u| {
             let score = score_unit(sub, u)?;
-            (score > 0.0).then(|| Located {
+            if score <= 0.0 {
+                return None;
+            }
+            Some(Located {
                 span: extract(sub, u),
                 unit: u.clone(),
                 score,
@@ -776,6 +810,11 @@ fn quantity_re() -> &'static Regex {
         &R,
         r"(?i)(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
     )
+}
+
+fn count_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(&R, r"\b\d[\d,]*(?:\.\d+)?(?: [a-z]+)?\b")
 }
 
 fn number_re() -> &'static Regex {
@@ -841,6 +880,7 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             v
         }
         Slot::Quantity => found(quantity_re()),
+        Slot::Count => found(count_re()),
         Slot::Place => {
             let mut v = found(code_re());
             v.extend(
@@ -875,7 +915,7 @@ fn cell_fits(slot: Slot, value: &str) -> bool {
     }
     match slot {
         Slot::Person => value.chars().any(char::is_uppercase),
-        Slot::Quantity => value.chars().any(|c| c.is_ascii_digit()),
+        Slot::Quantity | Slot::Count => value.chars().any(|c| c.is_ascii_digit()),
         Slot::Time => time_re().is_match(value),
         Slot::Date => date_re().is_match(value) || time_re().is_match(value),
         Slot::Place | Slot::Thing => true,
@@ -1500,20 +1540,20 @@ pub struct Part {
 /// What the host does next in a grounded inquiry.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
-    /// Assign these steps (node id, task text) as tasks and wait for them.
+    /// Run these steps (node id, task text): this node's own locally, the others as tasks.
     Assign(Vec<(String, String)>),
     /// Everything is known: conclude with this answer.
     Conclude(Answer),
 }
 
 /// The host's state of one grounded inquiry: the parts of the question, who answers each,
-/// and what came back. It does no IO: the runtime runs the steps at this node through
-/// `local` and sends the others as tasks; results come back with [`Inquiry::record`].
+/// and what came back. It does no IO: the runtime runs the steps at this node itself and
+/// sends the others as tasks; results come back with [`Inquiry::record`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inquiry {
     /// The task's question.
     pub question: String,
-    /// This node's id (its own steps run locally).
+    /// This node's id (the host; its own steps are not sent as tasks).
     pub me: String,
     /// The parts.
     pub parts: Vec<Part>,
@@ -1596,38 +1636,23 @@ impl Inquiry {
         }
     }
 
-    /// The next thing to do. Steps at this node run through `local` at once; a bridge
-    /// whose first step named an entity gets its follow-up step; when no step is pending
-    /// the answer is composed. `last_turn`: conclude now with what is known.
-    pub fn next(&mut self, local: &dyn Fn(&SubQuestion) -> Vec<Located>, last_turn: bool) -> Next {
-        loop {
-            // Follow-ups of bridges whose first step is back.
-            for p in &mut self.parts {
-                if let (Route::Bridge { second, .. }, 1) = (&p.route, p.steps.len()) {
-                    if let Some(found) = &p.steps[0].result {
-                        if let Some(first) = found.first() {
-                            let link = link_terms(&p.sub, &first.unit);
-                            if !link.is_empty() {
-                                let follow = follow_up(&p.sub, &first.unit, &link);
-                                p.steps.push(Step {
-                                    node_id: second.clone(),
-                                    sub: follow,
-                                    result: None,
-                                });
-                            }
-                        }
+    /// The next thing to do: the pending steps (this node's own included: the caller runs
+    /// those itself and records them like any other), after a bridge whose first step named
+    /// an entity got its follow-up step; when no step is pending the answer is composed.
+    pub fn next_step(&mut self) -> Next {
+        for p in &mut self.parts {
+            if let (Route::Bridge { second, .. }, 1) = (&p.route, p.steps.len()) {
+                if let Some(first) = p.steps[0].result.as_ref().and_then(|f| f.first()) {
+                    let link = link_terms(&p.sub, &first.unit);
+                    if !link.is_empty() {
+                        let follow = follow_up(&p.sub, &first.unit, &link);
+                        p.steps.push(Step {
+                            node_id: second.clone(),
+                            sub: follow,
+                            result: None,
+                        });
                     }
                 }
-            }
-            let mut ran_local = false;
-            for s in self.parts.iter_mut().flat_map(|p| &mut p.steps) {
-                if s.result.is_none() && s.node_id == self.me {
-                    s.result = Some(local(&s.sub));
-                    ran_local = true;
-                }
-            }
-            if !ran_local {
-                break;
             }
         }
         let pending: Vec<(String, String)> = self
@@ -1637,7 +1662,7 @@ impl Inquiry {
             .filter(|s| s.result.is_none())
             .map(|s| (s.node_id.clone(), s.sub.text.clone()))
             .collect();
-        if pending.is_empty() || last_turn {
+        if pending.is_empty() {
             Next::Conclude(self.answer())
         } else {
             Next::Assign(pending)
@@ -1861,6 +1886,36 @@ mod tests {
     }
 
     #[test]
+    fn degree_words_counts_contractions_and_clock_times_are_read_as_asked() {
+        let subs = decompose("how warm is the main pool today, and who's teaching the class?");
+        assert_eq!(subs.len(), 2, "{subs:?}");
+        assert_eq!(subs[0].slot, Slot::Quantity);
+        assert!(
+            subs[0]
+                .slot_terms
+                .contains(&terms_of("temperature").concat()),
+            "{subs:?}"
+        );
+        assert_eq!(subs[1].slot, Slot::Person);
+        let count = &decompose("How many books can a PhD student have out at once?")[0];
+        assert_eq!(count.slot, Slot::Count);
+        let rows = document_units(
+            "loans.md",
+            "Research students can have up to 50 items on loan.",
+        );
+        assert_eq!(extract(count, &rows[0]).as_deref(), Some("50 items"));
+        // `16:20` is a time, not a lead-in; `time on Sunday` asks for a time.
+        let boat = decompose("Which boat is doing the 16:20 from Port Ellery?");
+        assert_eq!(boat.len(), 1);
+        assert_eq!(
+            boat[0].text,
+            "Which boat is doing the 16:20 from Port Ellery?"
+        );
+        let due = &decompose("What time on Sunday do teams hand in their projects?")[0];
+        assert_eq!(due.slot, Slot::Time);
+    }
+
+    #[test]
     fn values_are_copied_from_the_named_column_or_after_the_noun() {
         let sub = &decompose("Which gate does CV 317 leave from?")[0];
         let units = document_units("departures.md", TABLE);
@@ -1912,20 +1967,19 @@ mod tests {
         );
         let mut inq = Inquiry::new(q, "me", vec![(sub, route)]);
         assert_eq!(inq.members(), vec!["jas".to_string(), "otis".to_string()]);
-        let none = |_: &SubQuestion| Vec::new();
-        let Next::Assign(first) = inq.next(&none, false) else {
+        let Next::Assign(first) = inq.next_step() else {
             panic!("assign")
         };
         assert_eq!(first.len(), 1);
         let s1 = inq.step_sub("jas", &first[0].1).unwrap();
         inq.record("jas", &first[0].1, locate(&s1, &groups, 4));
-        let Next::Assign(second) = inq.next(&none, false) else {
+        let Next::Assign(second) = inq.next_step() else {
             panic!("follow-up")
         };
         assert_eq!(second[0].0, "otis");
         let s2 = inq.step_sub("otis", &second[0].1).unwrap();
         inq.record("otis", &second[0].1, locate(&s2, &gates, 4));
-        let Next::Conclude(a) = inq.next(&none, false) else {
+        let Next::Conclude(a) = inq.next_step() else {
             panic!("conclude")
         };
         assert_eq!(a.answer, "B14.");

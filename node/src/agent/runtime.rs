@@ -843,11 +843,10 @@ impl Agent {
             calls: 0,
         });
         let result = if member_ids.is_empty() {
-            let mut inquiry = inquiry;
-            let local = |s: &SubQuestion| self.locate_local(s);
-            let answer = match inquiry.next(&local, true) {
+            let inquiry = Mutex::new(inquiry);
+            let answer = match self.advance(&inquiry, true) {
                 Next::Conclude(a) => self.named(a),
-                Next::Assign(_) => self.named(inquiry.answer()),
+                Next::Assign(_) => self.named(lock(&inquiry).answer()),
             };
             self.emit(AgentEvent::Concluded {
                 group_id: group_id.clone(),
@@ -969,10 +968,37 @@ impl Agent {
         }
     }
 
+    /// Runs the inquiry's pending steps at this node until only other nodes' steps are
+    /// pending (returned, unless `last`: then the answer as it stands) or the answer is
+    /// known.
+    fn advance(&self, inquiry: &Mutex<Inquiry>, last: bool) -> Next {
+        loop {
+            let next = lock(inquiry).next_step();
+            let Next::Assign(steps) = next else {
+                return next;
+            };
+            let (mine, others): (Vec<_>, Vec<_>) =
+                steps.into_iter().partition(|(node, _)| *node == self.0.me);
+            if mine.is_empty() {
+                return if last {
+                    Next::Conclude(lock(inquiry).answer())
+                } else {
+                    Next::Assign(others)
+                };
+            }
+            for (node, text) in mine {
+                let Some(sub) = lock(inquiry).step_sub(&node, &text) else {
+                    continue;
+                };
+                let found = self.locate_local(&sub);
+                lock(inquiry).record(&node, &text, found);
+            }
+        }
+    }
+
     /// The host's decision for its turn in a grounded inquiry.
     fn inquiry_turn(&self, inquiry: &Mutex<Inquiry>, last: bool) -> Decision {
-        let local = |s: &SubQuestion| self.locate_local(s);
-        let next = lock(inquiry).next(&local, last);
+        let next = self.advance(inquiry, last);
         match next {
             Next::Assign(steps) => Decision {
                 msg_type: DecisionType::AssignSync,

@@ -696,8 +696,13 @@ impl SearchDocs {
         sub: &super::grounded::SubQuestion,
         k: usize,
     ) -> Vec<super::grounded::Located> {
+        super::grounded::locate(sub, &self.units(), k)
+    }
+
+    /// The folder's citable units (shared, not copied).
+    pub fn units(&self) -> Arc<Vec<super::grounded::Unit>> {
         let index = self.index.read().unwrap_or_else(|p| p.into_inner());
-        super::grounded::locate(sub, index.units(), k)
+        index.units()
     }
 
     /// Re-reads the folder (on a blocking thread). Returns the number of passages.
