@@ -64,7 +64,16 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
         }
     }
     let mut routed = Vec::new();
-    for (sub, h) in subs.iter().zip(&hits) {
+    for (sub, h) in subs.iter().zip(hits) {
+        // As the runtime: a calculation also needs the general figure (names not required).
+        let (sub, h) = if grounded::calc_op(&s.question, sub, grounded::best_direct(&h)).is_some() {
+            let relaxed = sub.relaxed();
+            let rh = probe(&nodes, std::slice::from_ref(&relaxed)).remove(0);
+            (relaxed, rh)
+        } else {
+            (sub.clone(), h)
+        };
+        let (sub, h) = (&sub, &h);
         let starts = grounded::bridge_starts(sub, h, 2);
         let follows: Vec<SubQuestion> = starts.iter().map(|(_, f)| f.clone()).collect();
         let chains: Vec<_> = starts.into_iter().zip(probe(&nodes, &follows)).collect();

@@ -880,7 +880,14 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             v
         }
         Slot::Quantity => found(quantity_re()),
-        Slot::Count => found(count_re()),
+        // A count is no clock time (`14` of `14:00`).
+        Slot::Count => count_re()
+            .find_iter(text)
+            .filter(|m| {
+                !text[m.end()..].starts_with([':', '.']) && !text[..m.start()].ends_with([':', '.'])
+            })
+            .map(|m| m.as_str().trim().to_owned())
+            .collect(),
         Slot::Place => {
             let mut v = found(code_re());
             v.extend(
@@ -946,7 +953,16 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
             }
         }
         if let Some((_, v)) = best {
-            return Some(v.to_owned());
+            // A number, time or date is copied without the words around it in its field.
+            let narrow = matches!(
+                sub.slot,
+                Slot::Quantity | Slot::Count | Slot::Time | Slot::Date
+            );
+            let typed = typed_spans(sub.slot, v).into_iter().next();
+            return match typed {
+                Some(t) if narrow => Some(t),
+                _ => Some(v.to_owned()),
+            };
         }
     }
     // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`).
@@ -1149,6 +1165,16 @@ fn conversion(from: &str, to: &str) -> Option<f64> {
     (a == b).then_some(fa / fb)
 }
 
+/// Whether `unit` (canonical) measures something (mass, volume, length, time, percent)
+/// rather than counting things.
+fn is_measure(unit: &str) -> bool {
+    unit == "%"
+        || conversion(unit, "g").is_some()
+        || conversion(unit, "ml").is_some()
+        || conversion(unit, "cm").is_some()
+        || conversion(unit, "s").is_some()
+}
+
 /// Reads a quantity from a span.
 pub fn parse_quantity(span: &str) -> Option<Quantity> {
     let m = number_re().find(span)?;
@@ -1250,10 +1276,17 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
     let eval = |expr: String| super::tools::evaluate(&expr).ok();
     match op {
         CalcOp::Difference => {
-            if a.per.is_some() || b.per.is_some() || a.unit.is_empty() {
+            if a.per.is_some() || b.per.is_some() {
                 return None;
             }
-            let f = conversion(&b.unit, &a.unit)?;
+            // Two counts of things (`163 bookings`, `220 places`) subtract as numbers; two
+            // measures only when one converts into the other.
+            let counts = !is_measure(&a.unit) && !is_measure(&b.unit);
+            let f = if counts {
+                1.0
+            } else {
+                conversion(&b.unit, &a.unit)?
+            };
             // The larger amount first; the smaller one in the larger one's unit.
             let (big, small, small_in_big) = if a.value >= b.value * f {
                 (a, b, b.value * f)
@@ -1476,7 +1509,7 @@ pub fn chain_wins(
 /// Whether `sub` of `question` needs a calculation: it asks for a quantity and either a
 /// difference or a unit that the best direct value is not in.
 pub fn calc_op(question: &str, sub: &SubQuestion, direct: Option<&NodeHit>) -> Option<CalcOp> {
-    if sub.slot != Slot::Quantity {
+    if !matches!(sub.slot, Slot::Quantity | Slot::Count) {
         return None;
     }
     if asks_difference(question) {
@@ -1514,6 +1547,19 @@ pub fn plan_calc(op: CalcOp, hits: &[NodeHit]) -> Option<(NodeHit, NodeHit, Calc
 // ---------------------------------------------------------------------------------------
 // The inquiry: a sans-IO plan of tasks and rounds
 // ---------------------------------------------------------------------------------------
+
+impl SubQuestion {
+    /// The same question with no name required of its evidence: what a calculation needs
+    /// besides the asked-about entity's own number is often a general figure (a class
+    /// limit, a density) that never names the entity.
+    pub fn relaxed(&self) -> SubQuestion {
+        let mut r = self.clone();
+        for t in &mut r.terms {
+            t.required = false;
+        }
+        r
+    }
+}
 
 /// One unit of work: a sub-question for one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -822,7 +822,19 @@ impl Agent {
         candidates.truncate(MAX_PROBED);
         let hits = self.probe(&candidates, &subs).await;
         let mut routed = Vec::new();
-        for (sub, sub_hits) in subs.iter().zip(&hits) {
+        for (sub, sub_hits) in subs.iter().zip(hits) {
+            // A calculation also needs the general figure that never names the entity.
+            let (sub, sub_hits) =
+                if grounded::calc_op(task, sub, grounded::best_direct(&sub_hits)).is_some() {
+                    let relaxed = sub.relaxed();
+                    let h = self
+                        .probe(&candidates, std::slice::from_ref(&relaxed))
+                        .await;
+                    (relaxed, h.into_iter().next().unwrap_or_default())
+                } else {
+                    (sub.clone(), sub_hits)
+                };
+            let (sub, sub_hits) = (&sub, &sub_hits);
             let starts = grounded::bridge_starts(sub, sub_hits, 2);
             let chains = if starts.is_empty() {
                 Vec::new()
