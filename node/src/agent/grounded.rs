@@ -246,6 +246,10 @@ pub struct Term {
     pub weight: f32,
     /// Whether evidence must contain it.
     pub required: bool,
+    /// Context (the lead-in, the other clauses, the question a follow-up came from): it
+    /// raises the score of evidence holding it and costs nothing where it is missing.
+    #[serde(default)]
+    pub context: bool,
 }
 
 /// One sub-question of a task, drawn from the task's own words.
@@ -577,7 +581,7 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
     for q in &asked {
         let (l, body) = match q.split_once(": ") {
             Some((l, b))
-                if l.split_whitespace().count() <= 12 && words(b).iter().any(|w| is_wh(w)) =>
+                if l.split_whitespace().count() <= 16 && words(b).iter().any(|w| is_wh(w)) =>
             {
                 (l.trim().to_owned(), b.trim().to_owned())
             }
@@ -586,7 +590,17 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
         if !l.is_empty() {
             lead_parts.push(l);
         }
-        clauses.extend(split_clauses(&body));
+        // A clause that asks nothing (`I need to know three things for Anselm Vickery`) is
+        // context, unless nothing else asks.
+        let (asking, telling): (Vec<String>, Vec<String>) = split_clauses(&body)
+            .into_iter()
+            .partition(|c| words(c).iter().any(|w| is_wh(w)));
+        if asking.is_empty() {
+            clauses.extend(telling);
+        } else {
+            clauses.extend(asking);
+            lead_parts.extend(telling);
+        }
     }
     let lead = lead_parts.join(". ");
     let all_names: Vec<(usize, Vec<String>, Vec<String>)> = clauses
@@ -614,18 +628,21 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
         .map(|(i, clause)| {
             let (slot, slot_terms) = slot_of(clause);
             let mut terms: Vec<Term> = Vec::new();
-            let add = |t: &str, weight: f32, required: bool, terms: &mut Vec<Term>| {
-                if let Some(x) = terms.iter_mut().find(|x| x.term == t) {
-                    x.weight = x.weight.max(weight);
-                    x.required |= required;
-                } else {
-                    terms.push(Term {
-                        term: t.to_owned(),
-                        weight,
-                        required,
-                    });
-                }
-            };
+            let add =
+                |t: &str, weight: f32, required: bool, context: bool, terms: &mut Vec<Term>| {
+                    if let Some(x) = terms.iter_mut().find(|x| x.term == t) {
+                        x.weight = x.weight.max(weight);
+                        x.required |= required;
+                        x.context &= context;
+                    } else {
+                        terms.push(Term {
+                            term: t.to_owned(),
+                            weight,
+                            required,
+                            context,
+                        });
+                    }
+                };
             let names = &all_names[i].1;
             for t in terms_of(clause) {
                 let w = if names.contains(&t) {
@@ -635,22 +652,24 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
                 } else {
                     1.0
                 };
-                add(&t, w, names.contains(&t), &mut terms);
+                add(&t, w, names.contains(&t), false, &mut terms);
             }
             for t in &slot_terms {
-                add(t, 1.5, false, &mut terms);
+                add(t, 1.5, false, false, &mut terms);
             }
             // Context: the lead-in and the other clauses' names.
             for t in lead_names.iter().chain(&lead_other) {
-                add(t, 1.5, false, &mut terms);
+                add(t, 1.5, false, true, &mut terms);
             }
+            // The lead-in's names give the topic; its other words (`I need three things
+            // for an email`) rarely say where the fact is.
             for t in terms_of(&lead) {
-                add(&t, 0.7, false, &mut terms);
+                add(&t, 0.3, false, true, &mut terms);
             }
             for (j, n, o) in &all_names {
                 if *j != i {
                     for t in n.iter().chain(o) {
-                        add(t, 1.0, false, &mut terms);
+                        add(t, 1.0, false, true, &mut terms);
                     }
                 }
             }
@@ -718,14 +737,18 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let mut total = 0.0;
     let mut hit = 0.0;
     for t in &sub.terms {
-        total += t.weight;
-        if text.contains(&t.term) {
-            hit += t.weight;
+        let got = if text.contains(&t.term) {
+            t.weight
         } else if context.contains(&t.term) {
-            hit += 0.7 * t.weight;
+            0.7 * t.weight
         } else if t.required {
             return None;
-        }
+        } else {
+            0.0
+        };
+        hit += got;
+        // Context counts only where it is found.
+        total += if t.context { got } else { t.weight };
     }
     let expansion = slot_expansion(sub.slot)
         .iter()
@@ -965,14 +988,21 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
             };
         }
     }
-    // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`).
+    // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`), or a
+    // number right before it (`97.8 FM`).
     let specific_noun = matches!(sub.slot, Slot::Place | Slot::Thing) && !sub.slot_terms.is_empty();
     if specific_noun {
-        let lower = unit.text.to_lowercase();
+        // ASCII lowercasing keeps byte offsets, so they index the original text.
+        let lower = unit.text.to_ascii_lowercase();
         for s in &sub.slot_terms {
             let mut from = 0;
             while let Some(i) = lower[from..].find(s.as_str()) {
                 let at = from + i;
+                from = at + s.len();
+                let starts_word = !lower[..at].ends_with(|c: char| c.is_alphanumeric());
+                if !starts_word {
+                    continue;
+                }
                 let after = &unit.text[at..];
                 let window: String = after
                     .split_whitespace()
@@ -982,7 +1012,14 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
                 if let Some(m) = code_re().find(&window) {
                     return Some(m.as_str().to_owned());
                 }
-                from = at + s.len();
+                let noun = after.split_whitespace().next().unwrap_or("");
+                let noun = noun.trim_end_matches(|c: char| !c.is_alphanumeric());
+                let before = unit.text[..at].trim_end();
+                if let Some(m) = number_re().find_iter(before).last() {
+                    if m.end() == before.len() {
+                        return Some(format!("{} {noun}", m.as_str()));
+                    }
+                }
             }
         }
     }
@@ -1035,7 +1072,8 @@ pub fn link_terms(sub: &SubQuestion, unit: &Unit) -> Vec<String> {
 }
 
 /// The follow-up sub-question of a bridge: the same slot asked about the link entity
-/// found in `unit` (the link names are required, the slot's words weigh most).
+/// found in `unit` (the link names and the slot's words weigh most; the question it came
+/// from is context).
 pub fn follow_up(sub: &SubQuestion, unit: &Unit, link: &[String]) -> SubQuestion {
     let mut terms: Vec<Term> = link
         .iter()
@@ -1043,6 +1081,7 @@ pub fn follow_up(sub: &SubQuestion, unit: &Unit, link: &[String]) -> SubQuestion
             term: t.clone(),
             weight: 2.0,
             required: false,
+            context: false,
         })
         .collect();
     for t in &sub.slot_terms {
@@ -1051,6 +1090,7 @@ pub fn follow_up(sub: &SubQuestion, unit: &Unit, link: &[String]) -> SubQuestion
                 term: t.clone(),
                 weight: 2.0,
                 required: false,
+                context: false,
             });
         }
     }
@@ -1060,6 +1100,7 @@ pub fn follow_up(sub: &SubQuestion, unit: &Unit, link: &[String]) -> SubQuestion
                 term: t.term.clone(),
                 weight: 0.3,
                 required: false,
+                context: true,
             });
         }
     }
@@ -1089,11 +1130,13 @@ pub fn chain_score(sub: &SubQuestion, units: &[&Unit]) -> f32 {
         .iter()
         .flat_map(|u| terms_of(&u.match_text()))
         .collect();
-    let total: f32 = sub.terms.iter().map(|t| t.weight).sum();
-    let hit: f32 = sub
+    let found = |t: &&Term| all.contains(&t.term);
+    let hit: f32 = sub.terms.iter().filter(found).map(|t| t.weight).sum();
+    // Context counts only where it is found (as in `score_unit`).
+    let total: f32 = sub
         .terms
         .iter()
-        .filter(|t| all.contains(&t.term))
+        .filter(|t| !t.context || found(t))
         .map(|t| t.weight)
         .sum();
     if total > 0.0 {
