@@ -310,19 +310,41 @@ fn words(text: &str) -> Vec<String> {
 
 /// Index terms of `text`, with digits' plural `s` dropped (`Year 9s` -> `9`).
 pub fn terms_of(text: &str) -> Vec<String> {
-    tokenize(text)
-        .into_iter()
-        .map(|t| {
-            if t.len() > 1
-                && t.ends_with('s')
-                && t[..t.len() - 1].chars().all(|c| c.is_ascii_digit())
-            {
-                t[..t.len() - 1].to_owned()
-            } else {
-                t
-            }
+    tokenize(text).into_iter().map(normalise_term).collect()
+}
+
+/// One spelling per number and calendar word: `9s` and `14th` are `9` and `14`; the
+/// unambiguous weekday and month abbreviations (`Fri`, `Nov`) are the full names (`Sat`,
+/// `Sun`, `May` are words too, so they stay).
+fn normalise_term(t: String) -> String {
+    let digits_then = |suffixes: &[&str]| {
+        suffixes.iter().find_map(|x| {
+            let d = t.strip_suffix(x)?;
+            (!d.is_empty() && d.chars().all(|c| c.is_ascii_digit())).then(|| d.to_owned())
         })
-        .collect()
+    };
+    if let Some(d) = digits_then(&["s", "st", "nd", "rd", "th"]) {
+        return d;
+    }
+    let full = match t.as_str() {
+        "mon" => "monday",
+        "tue" | "tues" => "tuesday",
+        "wed" => "wednesday",
+        "thu" | "thur" | "thurs" => "thursday",
+        "fri" => "friday",
+        "jan" => "january",
+        "feb" => "february",
+        "mar" => "march",
+        "apr" => "april",
+        "jul" => "july",
+        "aug" => "august",
+        "sep" | "sept" => "september",
+        "oct" => "october",
+        "nov" => "november",
+        "dec" => "december",
+        _ => return t,
+    };
+    tokenize(full).pop().unwrap_or(t)
 }
 
 fn is_wh(w: &str) -> bool {
@@ -913,9 +935,12 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             .collect(),
         Slot::Place => {
             let mut v = found(code_re());
+            // A capitalised word is a name only past the start of the text, or with others.
             v.extend(
-                found(place_re())
-                    .into_iter()
+                place_re()
+                    .find_iter(text)
+                    .filter(|m| m.start() > 0 || m.as_str().contains(' '))
+                    .map(|m| m.as_str().to_owned())
                     .filter(|p| !WEEKDAYS_MONTHS.contains(&p.to_lowercase().as_str())),
             );
             v
@@ -1911,6 +1936,18 @@ mod tests {
     const TABLE: &str =
         "# Departures — 12 July\n\n| Flight | Destination | Gate |\n|---|---|---|\n\
         | CV 317 | Valdessa | B14 |\n| CV 319 | Valdessa | C3 |\n\nGates may change.\n";
+
+    #[test]
+    fn numbers_and_calendar_words_have_one_spelling() {
+        assert_eq!(terms_of("Friday the 14th"), terms_of("Fri 14"));
+        assert_eq!(terms_of("Year 9s"), terms_of("Year 9"));
+        assert_eq!(terms_of("12 Nov"), terms_of("12 November"));
+        // Words that are also weekday or month abbreviations stay words.
+        assert_eq!(
+            terms_of("the sun sat"),
+            vec!["sun".to_string(), "sat".to_string()]
+        );
+    }
 
     #[test]
     fn slot_expansions_are_written_as_index_terms() {
