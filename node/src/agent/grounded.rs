@@ -772,12 +772,16 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
         // Context counts only where it is found.
         total += if t.context { got } else { t.weight };
     }
-    let expansion = slot_expansion(sub.slot)
-        .iter()
-        .any(|t| context.contains(*t));
-    if expansion {
-        hit += 0.5;
-        total += 0.5;
+    // `Where is it held?` names no noun of its own: the evidence is a venue, a location.
+    // Asked that way, the slot's kind is one of the clause's own terms.
+    let expansion = slot_expansion(sub.slot);
+    if !expansion.is_empty() && sub.slot_terms.is_empty() {
+        total += 1.5;
+        if expansion.iter().any(|t| text.contains(*t)) {
+            hit += 1.5;
+        } else if expansion.iter().any(|t| context.contains(*t)) {
+            hit += 0.7 * 1.5;
+        }
     }
     if total <= 0.0 {
         return None;
@@ -821,14 +825,23 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
         })
         .collect();
     out.sort_by(|a, b| {
-        b.score.total_cmp(&a.score).then_with(|| {
-            let later = sub.latest || is_log(&a.unit) || is_log(&b.unit);
-            if a.unit.document == b.unit.document && later {
-                b.unit.position.cmp(&a.unit.position)
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        })
+        b.score
+            .total_cmp(&a.score)
+            // A value under a name that says what was asked (`Weight: 5.4 kg`) is better
+            // evidence than one found by its kind in prose.
+            .then_with(|| {
+                named_value(sub, &b.unit)
+                    .is_some()
+                    .cmp(&named_value(sub, &a.unit).is_some())
+            })
+            .then_with(|| {
+                let later = sub.latest || is_log(&a.unit) || is_log(&b.unit);
+                if a.unit.document == b.unit.document && later {
+                    b.unit.position.cmp(&a.unit.position)
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            })
     });
     out.truncate(k);
     out
@@ -983,35 +996,8 @@ fn cell_fits(slot: Slot, value: &str) -> bool {
 /// the question. `None` when the unit holds no such value.
 pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     // 1. A named field whose name matches the slot's words.
-    if !sub.slot_terms.is_empty() {
-        let mut best: Option<(usize, &str)> = None;
-        for (k, v) in &unit.fields {
-            let kt = terms_of(k);
-            let hits = sub
-                .slot_terms
-                .iter()
-                .filter(|s| kt.iter().any(|t| term_matches(t, s)))
-                .count();
-            if hits > 0
-                && cell_fits(sub.slot, v)
-                && !only_repeats(sub, v)
-                && best.is_none_or(|(h, _)| hits > h)
-            {
-                best = Some((hits, v));
-            }
-        }
-        if let Some((_, v)) = best {
-            // A number, time or date is copied without the words around it in its field.
-            let narrow = matches!(
-                sub.slot,
-                Slot::Quantity | Slot::Count | Slot::Time | Slot::Date
-            );
-            let typed = typed_spans(sub.slot, v).into_iter().next();
-            return match typed {
-                Some(t) if narrow => Some(t),
-                _ => Some(v.to_owned()),
-            };
-        }
+    if let Some(v) = named_value(sub, unit) {
+        return Some(v);
     }
     // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`), or a
     // number right before it (`97.8 FM`).
@@ -1066,6 +1052,36 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         }
     }
     None
+}
+
+/// The value of a field of `unit` whose name matches the most of the slot's words and
+/// that fits the slot's kind (a number, time or date copied without the words around it).
+fn named_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
+    let mut best: Option<(usize, &str)> = None;
+    for (k, v) in &unit.fields {
+        let kt = terms_of(k);
+        let hits = sub
+            .slot_terms
+            .iter()
+            .filter(|s| kt.iter().any(|t| term_matches(t, s)))
+            .count();
+        if hits > 0
+            && cell_fits(sub.slot, v)
+            && !only_repeats(sub, v)
+            && best.is_none_or(|(h, _)| hits > h)
+        {
+            best = Some((hits, v));
+        }
+    }
+    let (_, v) = best?;
+    let narrow = matches!(
+        sub.slot,
+        Slot::Quantity | Slot::Count | Slot::Time | Slot::Date
+    );
+    match typed_spans(sub.slot, v).into_iter().next() {
+        Some(t) if narrow => Some(t),
+        _ => Some(v.to_owned()),
+    }
 }
 
 /// Names and codes of `unit` that the sub-question does not mention: what a bridge
