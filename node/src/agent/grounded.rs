@@ -995,6 +995,11 @@ fn cell_fits(slot: Slot, value: &str) -> bool {
 /// text (`gate B14`); else the first value of the slot's kind that does not merely repeat
 /// the question. `None` when the unit holds no such value.
 pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
+    // A question, or a note that repeats the question (`asked how many books`), asks for
+    // the fact; it does not state it.
+    if unit.text.trim_end().ends_with('?') || restates(sub, &unit.text) {
+        return None;
+    }
     // 1. A named field whose name matches the slot's words.
     if let Some(v) = named_value(sub, unit) {
         return Some(v);
@@ -1052,6 +1057,25 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         }
     }
     None
+}
+
+/// Whether `text` holds the sub-question's own wh-phrase (`how many`, `which gate`).
+fn restates(sub: &SubQuestion, text: &str) -> bool {
+    let clause = sub.text.rsplit(": ").next().unwrap_or(&sub.text);
+    let ws: Vec<String> = words(clause).iter().map(|w| w.to_lowercase()).collect();
+    let Some(i) = ws.iter().position(|w| is_wh(w)) else {
+        return false;
+    };
+    let Some(next) = ws.get(i + 1) else {
+        return false;
+    };
+    let phrase = format!("{} {next}", ws[i]);
+    words(text)
+        .iter()
+        .map(|w| w.to_lowercase())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .contains(&phrase)
 }
 
 /// The value of a field of `unit` whose name matches the most of the slot's words and
@@ -2055,6 +2079,20 @@ mod tests {
         );
         let due = &decompose("What time on Sunday do teams hand in their projects?")[0];
         assert_eq!(due.slot, Slot::Time);
+    }
+
+    #[test]
+    fn a_note_that_repeats_the_question_is_no_answer() {
+        let sub = &decompose("How many books can a PhD student have out at once?")[0];
+        let note = document_units(
+            "n.md",
+            "Students asked how many books they may have out; some say 30.",
+        );
+        assert_eq!(extract(sub, &note[0]), None);
+        let ask = document_units("q.md", "Is the limit 30 books?");
+        assert_eq!(extract(sub, &ask[0]), None);
+        let rule = document_units("r.md", "A PhD student may have 50 books out at once.");
+        assert_eq!(extract(sub, &rule[0]).as_deref(), Some("50 books"));
     }
 
     #[test]
