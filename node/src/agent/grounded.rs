@@ -451,12 +451,52 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
                 Slot::Place
             } else if ["latest", "earliest"].contains(&head.as_str()) {
                 Slot::Time
+            } else if [
+                "member",
+                "person",
+                "rep",
+                "representative",
+                "officer",
+                "manager",
+                "contact",
+                "driver",
+                "nurse",
+                "doctor",
+                "teacher",
+                "keeper",
+                "curator",
+                "lead",
+                "leader",
+                "owner",
+                "holder",
+                "chair",
+                "captain",
+                "coordinator",
+                "supervisor",
+                "warden",
+                "presenter",
+                "host",
+                "judge",
+                "arbiter",
+                "courier",
+                "engineer",
+                "technician",
+            ]
+            .contains(&head.as_str())
+            {
+                Slot::Person
             } else {
                 Slot::Thing
             }
         }
     };
-    let mut slot_terms = rest_terms;
+    // After `where` and `when` the noun phrase is what is asked about (`where's the
+    // charcoal`), not the name of the value.
+    let mut slot_terms = if matches!(wh.as_str(), "where" | "when") {
+        Vec::new()
+    } else {
+        rest_terms
+    };
     // A degree adjective names the dimension the evidence states (`how warm` ->
     // temperature).
     if matches!(slot, Slot::Quantity) {
@@ -1048,8 +1088,9 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     for v in values {
         for span in typed_spans(sub.slot, v) {
             if !(only_repeats(sub, &span) || specific_noun && sub.slot == Slot::Thing) {
-                if specific_noun && sub.slot == Slot::Place && !unit.fields.is_empty() {
-                    // A table row without the asked-for column holds another kind of code.
+                if sub.slot == Slot::Place && unit.fields.len() > 1 {
+                    // A table row holds a place only under a column naming one (step 1 or
+                    // below); its other codes are of another kind.
                     continue;
                 }
                 return Some(span);
@@ -1081,11 +1122,19 @@ fn restates(sub: &SubQuestion, text: &str) -> bool {
 /// The value of a field of `unit` whose name matches the most of the slot's words and
 /// that fits the slot's kind (a number, time or date copied without the words around it).
 fn named_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
+    // With no words of its own (`where is it held`), the slot is named by its kind.
+    let names: Vec<String> = if sub.slot_terms.is_empty() {
+        slot_expansion(sub.slot)
+            .iter()
+            .map(|t| t.to_string())
+            .collect()
+    } else {
+        sub.slot_terms.clone()
+    };
     let mut best: Option<(usize, &str)> = None;
     for (k, v) in &unit.fields {
         let kt = terms_of(k);
-        let hits = sub
-            .slot_terms
+        let hits = names
             .iter()
             .filter(|s| kt.iter().any(|t| term_matches(t, s)))
             .count();
@@ -1124,10 +1173,13 @@ pub fn link_terms(sub: &SubQuestion, unit: &Unit) -> Vec<String> {
             if !(has_digit || cap) {
                 continue;
             }
+            // A code's number (`S-031`, `LD-2291`) names it; a bare number does not.
+            let code = has_digit && w.chars().any(char::is_alphabetic);
             for t in terms_of(w) {
                 let known = sub.terms.iter().any(|q| q.term == t);
                 let weekday = WEEKDAYS_MONTHS.contains(&t.as_str());
-                if !known && !weekday && !out.contains(&t) && t.chars().any(char::is_alphabetic) {
+                let named = code || t.chars().any(char::is_alphabetic);
+                if !known && !weekday && !out.contains(&t) && named {
                     out.push(t);
                 }
             }
@@ -2112,6 +2164,21 @@ mod tests {
             &decompose("Which gate does the flight carrying the Merrin Youth Choir leave from?")[0];
         assert_eq!(extract(q, &groups[0]), None);
         assert!(link_terms(q, &groups[0]).contains(&"valdessa".to_string()));
+        // A code's number names it (`S-031`); a bare number does not.
+        let where_q = &decompose("Where has the charcoal from trench 3 been sent?")[0];
+        assert_eq!(where_q.slot, Slot::Place);
+        assert!(where_q.slot_terms.is_empty(), "{where_q:?}");
+        let sample = document_units(
+            "s.md",
+            "| Sample | Trench | Material |\n|---|---|---|\n| S-031 | 3 | charcoal |\n",
+        );
+        assert_eq!(
+            extract(where_q, &sample[0]),
+            None,
+            "a sample code is no place"
+        );
+        let links = link_terms(where_q, &sample[0]);
+        assert!(links.contains(&"031".to_string()), "{links:?}");
     }
 
     #[test]
