@@ -906,7 +906,7 @@ fn quantity_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
+        r"(?i)(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|nautical miles?|miles?|nm|kilometres?|kilometers?|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
     )
 }
 
@@ -1291,6 +1291,7 @@ fn canonical_unit(u: &str) -> String {
         "millilitre" | "millilitres" | "ml" => "ml",
         "metre" | "metres" | "meter" | "meters" | "m" => "m",
         "centimetre" | "centimetres" | "cm" => "cm",
+        "kilometre" | "kilometres" | "kilometer" | "kilometers" | "km" => "km",
         "minute" | "minutes" | "min" | "mins" => "min",
         "hour" | "hours" | "h" | "hr" | "hrs" => "h",
         "second" | "seconds" | "s" | "sec" | "secs" => "s",
@@ -1309,6 +1310,7 @@ fn conversion(from: &str, to: &str) -> Option<f64> {
             "t" => ("mass", 1_000_000.0),
             "l" => ("volume", 1000.0),
             "ml" => ("volume", 1.0),
+            "km" => ("length", 100_000.0),
             "m" => ("length", 100.0),
             "cm" => ("length", 1.0),
             "h" => ("time", 3600.0),
