@@ -14,6 +14,7 @@ use starling_models::requant::{self, Requantize};
 use starling_node::agent::chat::{LostTurnReason, Message, MessageType, Task};
 use starling_node::agent::runtime::AgentEvent;
 use starling_node::commands::demo::{write_personas, DEMO_TASK};
+use starling_node::config::Collaboration;
 use starling_node::daemon::{Node, SharedModels, StartOptions};
 
 fn shared_models() -> SharedModels {
@@ -42,13 +43,14 @@ struct Run {
     repeats_rejected: usize,
 }
 
-async fn run_demo(models: &SharedModels, guard: bool) -> Run {
+async fn run_demo(models: &SharedModels, guard: bool, collaboration: Collaboration) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut configs = write_personas(dir.path(), 0).expect("personas");
     let secret = starling_discovery::SwarmSecret::generate().to_string();
     let mut nodes: Vec<Node> = Vec::new();
     for c in configs.iter_mut() {
         c.network.swarm_secret = Some(secret.clone());
+        c.agent.collaboration = collaboration;
         if let Some(first) = nodes.first() {
             c.network.bootstrap = vec![format!(
                 "{}@{}",
@@ -189,7 +191,7 @@ fn check_protocol(run: &Run, members: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_answer_holds_facts_from_both_other_nodes_with_citations() {
     let models = shared_models();
-    let run = run_demo(&models, true).await;
+    let run = run_demo(&models, true, Collaboration::Grounded).await;
     println!(
         "demo: {:.1} s, {} tokens, {} messages, members received {:?}\n{}",
         run.seconds,
@@ -232,6 +234,33 @@ async fn demo_answer_holds_facts_from_both_other_nodes_with_citations() {
         run.member_messages,
         run.messages.len()
     );
+}
+
+/// The model-driven flow (`[agent] collaboration = "chat"`): the model forms the team,
+/// writes the tasks and the conclusion. Its free text differs between CPUs, so only the
+/// protocol is checked: every message in order, tasks known, a conclusion last, members
+/// holding every message. Prints the tokens spent, with and without the repetition guard
+/// when `STARLING_DEMO_COMPARE=N`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_collaboration_follows_the_protocol() {
+    let models = shared_models();
+    let run = run_demo(&models, true, Collaboration::Chat).await;
+    println!(
+        "chat demo: {:.1} s, {} tokens, {} messages, members received {:?}\n{}",
+        run.seconds,
+        run.tokens,
+        run.messages.len(),
+        run.member_messages,
+        run.answer
+    );
+    check_protocol(&run, 3);
+    assert!(run.tokens > 0, "the model wrote nothing");
+    assert!(
+        run.member_messages.iter().all(|&n| n == run.messages.len()),
+        "members did not receive every message: {:?} of {}",
+        run.member_messages,
+        run.messages.len()
+    );
     // STARLING_DEMO_COMPARE=N: N runs with the guard on (this one first) and N with it off,
     // alternating, then the means (one run is noisy: sampling and timing vary).
     let rounds: usize = std::env::var("STARLING_DEMO_COMPARE")
@@ -243,10 +272,10 @@ async fn demo_answer_holds_facts_from_both_other_nodes_with_citations() {
         let mut off = Vec::new();
         for i in 0..rounds {
             if i > 0 {
-                let r = run_demo(&models, true).await;
+                let r = run_demo(&models, true, Collaboration::Chat).await;
                 on.push((r.tokens, r.messages.len(), r.repeats_rejected));
             }
-            let r = run_demo(&models, false).await;
+            let r = run_demo(&models, false, Collaboration::Chat).await;
             off.push((r.tokens, r.messages.len(), r.repeats_rejected));
         }
         let mean = |v: &[(u64, usize, usize)]| {

@@ -699,14 +699,31 @@ impl Agent {
         parent: Option<String>,
         depth: u32,
     ) -> Result<TaskResult, AgentError> {
-        if self.0.config.agent.collaboration == Collaboration::Grounded {
-            return self.run_grounded(task, group_id, parent, depth).await;
-        }
         let (p0, c0, _) = self.0.llm.counters().snapshot();
         self.emit(AgentEvent::TaskSubmitted {
             group_id: group_id.clone(),
             task: task.to_owned(),
         });
+        let result = match self.0.config.agent.collaboration {
+            Collaboration::Grounded => self.run_grounded(task, group_id, parent, depth).await?,
+            Collaboration::Chat => self.run_chat(task, group_id, parent, depth).await?,
+        };
+        let (p1, c1, _) = self.0.llm.counters().snapshot();
+        Ok(TaskResult {
+            tokens: (p1 - p0) + (c1 - c0),
+            ..result
+        })
+    }
+
+    /// Answers `task` the model's way: it forms the team, writes the tasks and the
+    /// conclusion (`[agent] collaboration = "chat"`).
+    async fn run_chat(
+        &self,
+        task: &str,
+        group_id: String,
+        parent: Option<String>,
+        depth: u32,
+    ) -> Result<TaskResult, AgentError> {
         let mut formation = self.form(task).await?;
         self.emit(AgentEvent::TeamFormed {
             group_id: group_id.clone(),
@@ -780,11 +797,7 @@ impl Agent {
             let params = self.launch_params(group_id.clone(), task, members, depth);
             self.host_group(params, parent, None).await?
         };
-        let (p1, c1, _) = self.0.llm.counters().snapshot();
-        Ok(TaskResult {
-            tokens: (p1 - p0) + (c1 - c0),
-            ..result
-        })
+        Ok(result)
     }
 
     /// Answers `task` as a grounded inquiry: the task's own clauses become sub-questions;
@@ -803,11 +816,6 @@ impl Agent {
         parent: Option<String>,
         depth: u32,
     ) -> Result<TaskResult, AgentError> {
-        let (p0, c0, _) = self.0.llm.counters().snapshot();
-        self.emit(AgentEvent::TaskSubmitted {
-            group_id: group_id.clone(),
-            task: task.to_owned(),
-        });
         let subs = grounded::decompose(task);
         // Search: the cards matching the task or one of its sub-questions.
         let mut candidates: Vec<String> = Vec::new();
@@ -887,11 +895,7 @@ impl Agent {
             let inquiry = Arc::new(Mutex::new(inquiry));
             self.host_group(params, parent, Some(inquiry)).await?
         };
-        let (p1, c1, _) = self.0.llm.counters().snapshot();
-        Ok(TaskResult {
-            tokens: (p1 - p0) + (c1 - c0),
-            ..result
-        })
+        Ok(result)
     }
 
     /// Asks `nodes` (this one answered locally) which of their units answer `subs`; per
