@@ -1,9 +1,10 @@
 //! The demo scenario with the real default models: three nodes on loopback (ada, basil,
 //! cyra from `configs/`), a task that needs a fact from basil's documents and one from
-//! cyra's. The answer of ada's task must contain both facts, each cited to the node whose
-//! document holds it, and every message of the
-//! group must satisfy the chat protocol. Prints the tokens spent, with and without the
-//! repetition guard when `STARLING_DEMO_COMPARE=N` (N runs each, alternating, and the means).
+//! cyra's. With grounded collaboration (the default) the answer of ada's task must contain
+//! both facts, each cited to the node whose document holds it; in both flows every message
+//! of the group must satisfy the chat protocol. The chat flow prints the tokens spent, with
+//! and without the repetition guard when `STARLING_DEMO_COMPARE=N` (N runs each,
+//! alternating, and the means).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
