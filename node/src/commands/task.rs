@@ -152,11 +152,13 @@ pub fn print_event(ev: &AgentEvent) {
                 .as_deref()
                 .map(|t| format!(" [{t}]"))
                 .unwrap_or_default();
-            println!(
-                "  [{:>2}] {sender_name} {kind}{task}: {}",
-                message.turn,
-                message.content.trim()
-            );
+            // An assignment shows the task itself (the decision's text is the same for
+            // every task it assigns).
+            let text = match (&message.task_desc, message.msg_type) {
+                (Some(desc), MessageType::AssignSync | MessageType::AssignAsync) => desc.trim(),
+                _ => message.content.trim(),
+            };
+            println!("  [{:>2}] {sender_name} {kind}{task}: {text}", message.turn);
         }
         AgentEvent::TaskState {
             task_id,
