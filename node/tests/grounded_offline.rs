@@ -123,7 +123,7 @@ fn score_file(path: &Path) -> Option<(usize, usize)> {
 }
 
 #[test]
-fn grounded_pipeline_answers_the_projects_own_scenarios() {
+fn grounded_pipeline_keeps_its_score_on_the_projects_own_scenarios() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let (ok, n) = score_file(&root.join("benches/swarm_qa/own.jsonl")).expect("own scenarios");
     if let Some((dok, dn)) = score_file(&root.join("../shared/eval/swarm_qa/dev.jsonl")) {
