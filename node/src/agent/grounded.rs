@@ -60,6 +60,11 @@ pub struct Unit {
     /// Position in its document (later units come later).
     #[serde(default)]
     pub position: u32,
+    /// For a `key: value` line in a block of such lines (a record: a call sheet, a loan
+    /// form), the block's other lines: what the line is about (`Location: Gullhaven pier`
+    /// for `Crew call: 05:50`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub record: String,
 }
 
 impl Unit {
@@ -123,9 +128,12 @@ pub fn document_units(document: &str, text: &str) -> Vec<Unit> {
             text,
             fields,
             position,
+            record: String::new(),
         });
         position += 1;
     };
+    // Runs of consecutive `key: value` lines (indices into `out`), closed by anything else.
+    let mut records: Vec<Vec<usize>> = vec![Vec::new()];
     let flush =
         |paragraph: &mut String, out: &mut Vec<Unit>, heading: &str, push: &mut dyn PushUnit| {
             for s in split_sentences(paragraph) {
@@ -136,6 +144,10 @@ pub fn document_units(document: &str, text: &str) -> Vec<Unit> {
         };
     for raw in text.lines() {
         let line = raw.trim();
+        let kv_line = !line.starts_with('|') && key_value(strip_list_marker(line)).is_some();
+        if !kv_line && records.last().is_some_and(|r| !r.is_empty()) {
+            records.push(Vec::new());
+        }
         if line.starts_with('|') {
             flush(&mut paragraph, &mut out, &heading, &mut push);
             if is_separator_row(line) {
@@ -184,7 +196,12 @@ pub fn document_units(document: &str, text: &str) -> Vec<Unit> {
         if item.len() != line.len() || key_value(line).is_some() {
             flush(&mut paragraph, &mut out, &heading, &mut push);
             for s in split_sentences(item) {
-                let fields = key_value(&s).into_iter().collect();
+                let fields: Fields = key_value(&s).into_iter().collect();
+                if kv_line && !fields.is_empty() {
+                    if let Some(r) = records.last_mut() {
+                        r.push(out.len());
+                    }
+                }
                 push(&mut out, &heading, s, fields);
             }
             continue;
@@ -195,6 +212,16 @@ pub fn document_units(document: &str, text: &str) -> Vec<Unit> {
         paragraph.push_str(line);
     }
     flush(&mut paragraph, &mut out, &heading, &mut push);
+    for run in records.iter().filter(|r| r.len() >= 2) {
+        for &i in run {
+            let others: Vec<&str> = run
+                .iter()
+                .filter(|&&j| j != i)
+                .map(|&j| out[j].text.as_str())
+                .collect();
+            out[i].record = others.join("; ");
+        }
+    }
     out
 }
 
@@ -276,6 +303,20 @@ const AUX: &[&str] = &[
     "has", "have", "had", "must", "may", "might", "shall", "i", "we", "you", "they", "it", "he",
     "she",
 ];
+/// Words of the asking (`how many`, `how much more`, `can you find out`): evidence states a
+/// value without them, so they are no terms of a sub-question.
+const ASKING_WORDS: &[&str] = &[
+    "many",
+    "much",
+    "more",
+    "find",
+    "know",
+    "tell",
+    "need",
+    "whoever",
+    "whichever",
+    "whatever",
+];
 const WEEKDAYS_MONTHS: &[&str] = &[
     "monday",
     "tuesday",
@@ -309,8 +350,29 @@ fn words(text: &str) -> Vec<String> {
 }
 
 /// Index terms of `text`, with digits' plural `s` dropped (`Year 9s` -> `9`).
+/// A lone capital letter is a name too (`row K`, `Plan B`; not `A` or `I`), and the tails
+/// of contractions (`we're`) are no terms.
 pub fn terms_of(text: &str) -> Vec<String> {
-    tokenize(text).into_iter().map(normalise_term).collect()
+    let mut out = Vec::new();
+    for w in text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let mut cs = w.chars();
+        if let (Some(c), None) = (cs.next(), cs.next()) {
+            if c.is_uppercase() && c != 'A' && c != 'I' {
+                out.extend(c.to_lowercase().map(String::from));
+                continue;
+            }
+        }
+        out.extend(
+            tokenize(w)
+                .into_iter()
+                .filter(|t| !matches!(t.as_str(), "re" | "ve" | "ll"))
+                .map(normalise_term),
+        );
+    }
+    out
 }
 
 /// One spelling per number and calendar word: `9s` and `14th` are `9` and `14`; the
@@ -381,7 +443,8 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         .last()
         .cloned()
         .unwrap_or_default();
-    let rest_terms = terms_of(&np.join(" "));
+    let mut rest_terms = terms_of(&np.join(" "));
+    rest_terms.retain(|t| !ASKING_WORDS.contains(&t.as_str()));
     let quantity_words = [
         "weight",
         "weigh",
@@ -707,6 +770,9 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
                 };
             let names = &all_names[i].1;
             for t in terms_of(clause) {
+                if ASKING_WORDS.contains(&t.as_str()) {
+                    continue;
+                }
                 let w = if names.contains(&t) {
                     2.0
                 } else if all_names[i].2.contains(&t) {
@@ -796,13 +862,21 @@ fn slot_expansion(slot: Slot) -> &'static [&'static str] {
 pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let text: HashSet<String> = terms_of(&unit.text).into_iter().collect();
     let context: HashSet<String> = terms_of(&unit.match_text()).into_iter().collect();
+    let record: HashSet<String> = terms_of(&unit.record).into_iter().collect();
     let mut total = 0.0;
     let mut hit = 0.0;
     for t in &sub.terms {
         let got = if text.contains(&t.term) {
             t.weight
+        } else if t.term.len() >= 4 && text.iter().any(|x| term_matches(x, &t.term)) {
+            // Another form of the word (`drives` / `driver`, `insured` / `insurance`),
+            // which the light stemmer keeps apart.
+            0.7 * t.weight
         } else if context.contains(&t.term) {
             0.7 * t.weight
+        } else if record.contains(&t.term) {
+            // The record's other lines say what the line is about, not what it states.
+            0.5 * t.weight
         } else if t.required {
             return None;
         } else {
@@ -874,6 +948,17 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
                     .is_some()
                     .cmp(&named_value(sub, &a.unit).is_some())
             })
+            // Of two dated records of one document that match equally, the later one is
+            // the current one (the latest weigh-in, the rescheduled delivery).
+            .then_with(|| {
+                if a.unit.document != b.unit.document || a.unit.fields.is_empty() {
+                    return std::cmp::Ordering::Equal;
+                }
+                match (date_key(&a.unit.text), date_key(&b.unit.text)) {
+                    (Some(x), Some(y)) => y.cmp(&x),
+                    _ => std::cmp::Ordering::Equal,
+                }
+            })
             .then_with(|| {
                 let later = sub.latest || is_log(&a.unit) || is_log(&b.unit);
                 if a.unit.document == b.unit.document && later {
@@ -906,7 +991,7 @@ fn quantity_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|nautical miles?|miles?|nm|kilometres?|kilometers?|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
+        r"(?i)[£$€]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn)\b)?(?:\s?(?:per|/|a|an)\s(?:night|day|week|month|year|hour|person|head|jar|kg|item))?|(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|nautical miles?|miles?|nm|kilometres?|kilometers?|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
     )
 }
 
@@ -1012,9 +1097,47 @@ fn term_matches(a: &str, b: &str) -> bool {
 }
 
 /// Whether a value only repeats the question (the entity asked about is no answer).
+/// A person asked for is someone other than the names the question gives (`who travels
+/// with it to Kestrel Bay` is not answered by `Kestrel Bay Maritime Museum`).
 fn only_repeats(sub: &SubQuestion, value: &str) -> bool {
     let ts = terms_of(value);
-    !ts.is_empty() && ts.iter().all(|t| sub.terms.iter().any(|q| q.term == *t))
+    if ts.is_empty() {
+        return false;
+    }
+    if sub.slot == Slot::Person {
+        let named = |t: &String| {
+            sub.terms
+                .iter()
+                .any(|q| q.term == *t && q.weight >= 1.5 && !sub.slot_terms.contains(&q.term))
+        };
+        if ts.iter().any(named) {
+            return true;
+        }
+    }
+    ts.iter().all(|t| sub.terms.iter().any(|q| q.term == *t))
+}
+
+/// The day of the year (roughly: month × 31 + day) of the first date in `text`, to order
+/// dated records.
+fn date_key(text: &str) -> Option<u32> {
+    const MONTHS: [&str; 12] = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    let m = date_re().find(text)?.as_str().to_lowercase();
+    let mut day = None;
+    let mut month = None;
+    for w in m
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let digits: String = w.chars().take_while(char::is_ascii_digit).collect();
+        if !digits.is_empty() && digits.len() <= 2 {
+            day = day.or(digits.parse::<u32>().ok());
+        } else if w.len() >= 3 {
+            month = month.or(MONTHS.iter().position(|x| w.starts_with(x)));
+        }
+    }
+    Some(month? as u32 * 31 + day?)
 }
 
 fn cell_fits(slot: Slot, value: &str) -> bool {
@@ -1022,7 +1145,13 @@ fn cell_fits(slot: Slot, value: &str) -> bool {
         return false;
     }
     match slot {
-        Slot::Person => value.chars().any(char::is_uppercase),
+        // A date (`2 May`) or a time has capitals too, but it is nobody.
+        Slot::Person => {
+            value.chars().any(char::is_uppercase)
+                && !value.starts_with(|c: char| c.is_ascii_digit())
+                && !date_re().is_match(value)
+                && !time_re().is_match(value)
+        }
         Slot::Quantity | Slot::Count => value.chars().any(|c| c.is_ascii_digit()),
         Slot::Time => time_re().is_match(value),
         Slot::Date => date_re().is_match(value) || time_re().is_match(value),
@@ -1068,6 +1197,13 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
                 if let Some(m) = code_re().find(&window) {
                     return Some(m.as_str().to_owned());
                 }
+                if sub.slot == Slot::Thing {
+                    if let Some(v) = linked_phrase(after) {
+                        if !only_repeats(sub, &v) {
+                            return Some(v);
+                        }
+                    }
+                }
                 let noun = after.split_whitespace().next().unwrap_or("");
                 let noun = noun.trim_end_matches(|c: char| !c.is_alphanumeric());
                 let before = unit.text[..at].trim_end();
@@ -1098,6 +1234,39 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         }
     }
     None
+}
+
+/// The phrase a word links to (`allergic to latex; ...` -> `latex`, `colour is sage
+/// green.` -> `sage green`): after the word and a linking word, up to the next punctuation,
+/// at most six words. `text` starts with the word.
+fn linked_phrase(text: &str) -> Option<String> {
+    const LINKS: &[&str] = &["to", "is", "are", "was", "were", "of", "with", "="];
+    let mut ws = text.split_whitespace();
+    let first = ws.next()?;
+    // `colour: blue` is a named field (see `named_value`); prose links with a word.
+    if first.ends_with(|c: char| !c.is_alphanumeric()) {
+        return None;
+    }
+    let link = ws.next()?;
+    if !LINKS.contains(&link.to_lowercase().as_str()) {
+        return None;
+    }
+    let mut out: Vec<&str> = Vec::new();
+    for w in ws {
+        let stop = w.ends_with([',', ';', '.', ':', ')', '(']) || w.starts_with('(');
+        let bare = w.trim_matches(|c: char| !c.is_alphanumeric() && c != '-');
+        if bare.is_empty() {
+            break;
+        }
+        out.push(bare);
+        if stop || out.len() == 6 {
+            break;
+        }
+    }
+    if out.is_empty() || out.len() == 6 && !text.contains([';', ',', '.']) {
+        return None;
+    }
+    Some(out.join(" "))
 }
 
 /// Whether `text` holds the sub-question's own wh-phrase (`how many`, `which gate`).
@@ -2301,5 +2470,57 @@ mod tests {
                 .count(),
             MAX_ANSWER_WORDS
         );
+    }
+
+    #[test]
+    fn a_record_line_knows_what_its_record_is_about() {
+        let sheet = "# Call sheet — day 14\n\nLocation: Gullhaven pier\nCrew call: 05:50\n\n\
+                     Pier access from 05:00 on other days.\n";
+        let units = document_units("call_sheet.md", sheet);
+        assert_eq!(units[1].record, "Location: Gullhaven pier");
+        assert!(units[2].record.is_empty(), "prose is no record line");
+        let sub = &decompose("What time does the crew have to be at Gullhaven pier?")[0];
+        // The best unit holding a value (as `best_direct` takes it).
+        let best = locate(sub, &units, 4)
+            .into_iter()
+            .find(|l| l.span.is_some());
+        assert_eq!(best.and_then(|l| l.span).as_deref(), Some("05:50"));
+    }
+
+    #[test]
+    fn prices_people_and_linked_phrases_are_copied_as_asked() {
+        let units = document_units(
+            "prices.md",
+            "| Hut | Member | Non-member |\n|---|---|---|\n| Stainach Hut | €26 | €41 |\n",
+        );
+        let cost = &decompose("What does a night at the Stainach Hut cost?")[0];
+        assert_eq!(extract(cost, &units[0]).as_deref(), Some("€26"));
+        // A date has capitals but is nobody.
+        let batch = document_units(
+            "b.md",
+            "| Batch | Mixed on | Mixed by |\n|---|---|---|\n| 14 | 2 May | Arlo Penrose |\n",
+        );
+        let who = &decompose("Who mixed the batch?")[0];
+        assert_eq!(extract(who, &batch[0]).as_deref(), Some("Arlo Penrose"));
+        let allergy = document_units("n.md", "Medical history: allergic to latex; gloves only.");
+        let what = &decompose("What is Anselm allergic to?")[0];
+        assert_eq!(extract(what, &allergy[0]).as_deref(), Some("latex"));
+    }
+
+    #[test]
+    fn a_lone_capital_names_a_row_and_the_later_record_is_current() {
+        let rows = document_units(
+            "power.md",
+            "| Row | Design power |\n|---|---|\n| J | 150 kW |\n| K | 180 kW |\n",
+        );
+        let sub = &decompose("What's the power budget for rack row K?")[0];
+        assert_eq!(locate(sub, &rows, 1)[0].span.as_deref(), Some("180 kW"));
+        let weights = document_units(
+            "weights.md",
+            "| Date | Animal | Weight |\n|---|---|---|\n| 3 Nov | Tansy | 5.4 kg |\n\
+             | 14 Aug | Tansy | 5.1 kg |\n",
+        );
+        let w = &decompose("How heavy is Tansy?")[0];
+        assert_eq!(locate(w, &weights, 1)[0].span.as_deref(), Some("5.4 kg"));
     }
 }
