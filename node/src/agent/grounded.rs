@@ -354,6 +354,21 @@ fn words(text: &str) -> Vec<String> {
 /// of contractions (`we're`) are no terms.
 pub fn terms_of(text: &str) -> Vec<String> {
     let mut out = Vec::new();
+    // A clock time is one term however it is written (`2 pm`, `14:00`, `noon`).
+    let text = clock_re().replace_all(text, |c: &regex::Captures| {
+        let hour: u32 = c
+            .get(1)
+            .or(c.get(4))
+            .and_then(|h| h.as_str().parse().ok())
+            .unwrap_or(12);
+        let minute = c.get(2).or(c.get(5)).map_or("00", |m| m.as_str());
+        let hour = match c.get(3).map(|m| m.as_str().to_ascii_lowercase()) {
+            Some(p) if p == "p" && hour < 12 => hour + 12,
+            Some(p) if p == "a" && hour == 12 => 0,
+            _ => hour,
+        };
+        format!(" t{hour:02}{minute} ")
+    });
     for w in text
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
@@ -909,10 +924,11 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
         .filter(|d| sub.terms.iter().any(|t| t.term == **d))
         .collect();
     if !asked.is_empty() {
+        // The day may be said by the unit, its heading or its document (`Bookings — Sunday`).
         let other = calendar
             .iter()
-            .any(|d| !asked.contains(&d) && text.contains(d));
-        let same = asked.iter().any(|d| text.contains(*d));
+            .any(|d| !asked.contains(&d) && context.contains(d));
+        let same = asked.iter().any(|d| context.contains(*d));
         if other && !same {
             score *= 0.5;
         }
@@ -1000,6 +1016,16 @@ fn count_re() -> &'static Regex {
     re(&R, r"\b\d[\d,]*(?:\.\d+)?(?: [a-z]+)?\b")
 }
 
+/// Clock times for [`terms_of`]: `2 pm`, `2:30pm`, `14:00`, `noon` (a decimal such as
+/// `2.35` is no time).
+fn clock_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)\b(\d{1,2})(?:[:.](\d{2}))?\s?([ap])\.?m\b\.?|\b(\d{1,2}):(\d{2})\b|\bnoon\b",
+    )
+}
+
 fn number_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(&R, r"\b\d[\d,]*(?:\.\d+)?\b")
@@ -1064,10 +1090,20 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
         }
         Slot::Quantity => found(quantity_re()),
         // A count is no clock time (`14` of `14:00`).
+        // A count is no measure (`60–90 cm`) and no part of a range.
         Slot::Count => count_re()
             .find_iter(text)
             .filter(|m| {
-                !text[m.end()..].starts_with([':', '.']) && !text[..m.start()].ends_with([':', '.'])
+                let after = &text[m.end()..];
+                let before = &text[..m.start()];
+                // `one per 40 skaters` is a rate, not a count of skaters.
+                let rate = ["per", "every", "each"]
+                    .iter()
+                    .any(|w| before.trim_end().to_lowercase().ends_with(&format!(" {w}")));
+                !rate
+                    && !after.starts_with([':', '.', '–', '-'])
+                    && !before.ends_with([':', '.', '–', '-'])
+                    && !measured(&text[m.start()..])
             })
             .map(|m| m.as_str().trim().to_owned())
             .collect(),
@@ -1090,6 +1126,20 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             v
         }
     }
+}
+
+/// Whether `text` starts with a measurement of length, mass, volume or a percentage
+/// (`60 cm`), which is no count of things.
+fn measured(text: &str) -> bool {
+    quantity_re().find(text).is_some_and(|q| {
+        q.start() == 0
+            && parse_quantity(q.as_str()).is_some_and(|x| {
+                x.unit == "%"
+                    || ["g", "ml", "cm"]
+                        .iter()
+                        .any(|base| conversion(&x.unit, base).is_some())
+            })
+    })
 }
 
 fn term_matches(a: &str, b: &str) -> bool {
@@ -1288,11 +1338,25 @@ fn restates(sub: &SubQuestion, text: &str) -> bool {
         .contains(&phrase)
 }
 
+/// Field names that say what kind of value a field holds (`Quantity: 1,200` answers a
+/// `how many` question), as index terms.
+fn kind_names(slot: Slot) -> &'static [&'static str] {
+    match slot {
+        Slot::Count => &["quantity", "number", "count", "total", "qty"],
+        Slot::Quantity => &["amount", "price", "fee", "cost", "value", "total"],
+        Slot::Date => &["date", "day", "due"],
+        Slot::Time => &["time", "start"],
+        _ => &[],
+    }
+}
+
 /// The value of a field of `unit` whose name matches the most of the slot's words and
 /// that fits the slot's kind (a number, time or date copied without the words around it).
+/// When no field is named by the slot's words, a field named by the slot's kind
+/// (`Quantity: 1,200` for `how many`).
 fn named_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     // With no words of its own (`where is it held`), the slot is named by its kind.
-    let names: Vec<String> = if sub.slot_terms.is_empty() {
+    let own: Vec<String> = if sub.slot_terms.is_empty() {
         slot_expansion(sub.slot)
             .iter()
             .map(|t| t.to_string())
@@ -1300,6 +1364,24 @@ fn named_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     } else {
         sub.slot_terms.clone()
     };
+    let kind: Vec<String> = kind_names(sub.slot).iter().map(|t| t.to_string()).collect();
+    let v = [own, kind]
+        .iter()
+        .find_map(|names| best_named_field(sub, unit, names))?;
+    let narrow = matches!(
+        sub.slot,
+        Slot::Quantity | Slot::Count | Slot::Time | Slot::Date
+    );
+    match typed_spans(sub.slot, v).into_iter().next() {
+        Some(t) if narrow => Some(t),
+        _ if narrow && sub.slot == Slot::Count => None,
+        _ => Some(v.to_owned()),
+    }
+}
+
+/// The value of the field of `unit` whose name matches the most of `names` and that fits
+/// the slot.
+fn best_named_field<'a>(sub: &SubQuestion, unit: &'a Unit, names: &[String]) -> Option<&'a str> {
     let mut best: Option<(usize, &str)> = None;
     for (k, v) in &unit.fields {
         let kt = terms_of(k);
@@ -1315,15 +1397,7 @@ fn named_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
             best = Some((hits, v));
         }
     }
-    let (_, v) = best?;
-    let narrow = matches!(
-        sub.slot,
-        Slot::Quantity | Slot::Count | Slot::Time | Slot::Date
-    );
-    match typed_spans(sub.slot, v).into_iter().next() {
-        Some(t) if narrow => Some(t),
-        _ => Some(v.to_owned()),
-    }
+    best.map(|(_, v)| v)
 }
 
 /// Names and codes of `unit` that the sub-question does not mention: what a bridge
@@ -1855,24 +1929,41 @@ pub fn calc_op(question: &str, sub: &SubQuestion, direct: Option<&NodeHit>) -> O
 }
 
 /// The two hits (from different documents) whose quantities `op` combines, best first.
-pub fn plan_calc(op: CalcOp, hits: &[NodeHit]) -> Option<(NodeHit, NodeHit, Calculation)> {
+/// The two cited quantities a calculation takes: of the pairs from different documents
+/// whose units fit the operation, the one whose evidence together covers the most of the
+/// sub-question (`ordered 1,200` and `potted and ready: 785` for `how many more still have
+/// to be potted before we can fill the order`), then the better matches.
+pub fn plan_calc(
+    op: CalcOp,
+    sub: &SubQuestion,
+    hits: &[NodeHit],
+) -> Option<(NodeHit, NodeHit, Calculation)> {
     let mut qs: Vec<(&NodeHit, Quantity)> = hits
         .iter()
         .filter(|h| h.located.score >= MIN_SCORE * 0.6)
         .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?)))
         .collect();
     qs.sort_by(|a, b| b.0.located.score.total_cmp(&a.0.located.score));
+    let mut best: Option<(f32, f32, NodeHit, NodeHit, Calculation)> = None;
     for (i, (ha, a)) in qs.iter().enumerate() {
         for (hb, b) in qs.iter().skip(i + 1) {
             if ha.located.unit.document == hb.located.unit.document && ha.node_id == hb.node_id {
                 continue;
             }
-            if let Some(c) = calculate(op, a, b) {
-                return Some(((*ha).clone(), (*hb).clone(), c));
+            let Some(c) = calculate(op, a, b) else {
+                continue;
+            };
+            let cover = chain_score(sub, &[&ha.located.unit, &hb.located.unit]);
+            let both = ha.located.score + hb.located.score;
+            if best
+                .as_ref()
+                .is_none_or(|(bc, bb, ..)| cover > *bc || (cover == *bc && both > *bb))
+            {
+                best = Some((cover, both, (*ha).clone(), (*hb).clone(), c));
             }
         }
     }
-    None
+    best.map(|(_, _, a, b, c)| (a, b, c))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2124,7 +2215,7 @@ impl Inquiry {
                         })
                     })
                     .collect();
-                match plan_calc(*op, &hits) {
+                match plan_calc(*op, &p.sub, &hits) {
                     Some((a, b, c)) => PartAnswer {
                         question,
                         value: Some(c.shown.clone()),
@@ -2151,7 +2242,7 @@ impl Inquiry {
 pub fn route_direct(question: &str, sub: &SubQuestion, hits: &[NodeHit]) -> Route {
     let direct = best_direct(hits);
     if let Some(op) = calc_op(question, sub, direct) {
-        if let Some((a, b, _)) = plan_calc(op, hits) {
+        if let Some((a, b, _)) = plan_calc(op, sub, hits) {
             return Route::Calc {
                 op,
                 nodes: [a.node_id, b.node_id],
@@ -2204,6 +2295,7 @@ mod tests {
     fn every_pattern_compiles() {
         for r in [
             quantity_re(),
+            clock_re(),
             count_re(),
             number_re(),
             time_re(),
