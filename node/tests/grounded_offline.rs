@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use starling_node::agent::grounded::{
-    self, document_units, Inquiry, Next, NodeHit, SubQuestion, Unit,
+    self, document_units, Inquiry, Next, NodeHit, PlanStep, Planner, SubQuestion, Unit,
 };
 use starling_node::commands::eval_swarm_qa::{
     load_scenarios, score_answer, Scenario, ScenarioNode,
@@ -26,7 +26,7 @@ fn probe(nodes: &[(String, Vec<Unit>)], subs: &[SubQuestion]) -> Vec<Vec<NodeHit
             nodes
                 .iter()
                 .flat_map(|(name, units)| {
-                    grounded::locate(s, units, 4)
+                    grounded::locate(s, units, grounded::LOCATE_K)
                         .into_iter()
                         .map(move |l| NodeHit {
                             node_id: name.clone(),
@@ -45,43 +45,33 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
         .iter()
         .map(|n| (n.name.clone(), units_of(n)))
         .collect();
-    let subs = grounded::decompose(&s.question);
-    let hits = probe(&nodes, &subs);
-    // GROUNDED_DEBUG=<scenario id>: print the sub-questions and what each node located.
-    if std::env::var("GROUNDED_DEBUG").is_ok_and(|id| id == s.id) {
-        for (sub, h) in subs.iter().zip(&hits) {
-            eprintln!(
-                "sub {:?} slot {:?} {:?}",
-                sub.text, sub.slot, sub.slot_terms
-            );
-            eprintln!("   terms {:?}", sub.terms);
-            for x in h {
-                eprintln!(
-                    "   {} {:.2} {:?} | {}",
-                    x.node_id, x.located.score, x.located.span, x.located.unit.text
-                );
+    // The same plan as the runtime, its probes answered from the documents in memory.
+    let mut planner = Planner::new(&s.question);
+    let routed = loop {
+        match planner.next_step() {
+            PlanStep::Probe(asked) => {
+                let hits = probe(&nodes, &asked);
+                planner.handle(hits);
+                // GROUNDED_DEBUG=<scenario id>: the sub-questions and what each node located.
+                if std::env::var("GROUNDED_DEBUG").is_ok_and(|id| id == s.id) {
+                    for (sub, h) in planner.subs().iter().zip(planner.hits()) {
+                        eprintln!(
+                            "sub {:?} slot {:?} {:?}",
+                            sub.text, sub.slot, sub.slot_terms
+                        );
+                        eprintln!("   terms {:?}", sub.terms);
+                        for x in h {
+                            eprintln!(
+                                "   {} {:.2} {:?} | {}",
+                                x.node_id, x.located.score, x.located.span, x.located.unit.text
+                            );
+                        }
+                    }
+                }
             }
+            PlanStep::Done(routed) => break routed,
         }
-    }
-    let mut routed = Vec::new();
-    for (sub, h) in subs.iter().zip(hits) {
-        // As the runtime: a calculation also needs the general figure (names not required).
-        let (sub, h) = if grounded::calc_op(&s.question, sub, grounded::best_direct(&h)).is_some() {
-            let relaxed = sub.relaxed();
-            let rh = probe(&nodes, std::slice::from_ref(&relaxed)).remove(0);
-            (relaxed, rh)
-        } else {
-            (sub.clone(), h)
-        };
-        let (sub, h) = (&sub, &h);
-        let starts = grounded::bridge_starts(sub, h, 2);
-        let follows: Vec<SubQuestion> = starts.iter().map(|(_, f)| f.clone()).collect();
-        let chains: Vec<_> = starts.into_iter().zip(probe(&nodes, &follows)).collect();
-        routed.push((
-            sub.clone(),
-            grounded::route_with_bridges(&s.question, sub, h, &chains),
-        ));
-    }
+    };
     let mut inq = Inquiry::new(&s.question, &s.asker, routed);
     let members = inq.members();
     for _round in 0..4 {
@@ -91,7 +81,11 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
                 for (node, text) in steps {
                     let sub = inq.step_sub(&node, &text).expect("pending step");
                     let units = &nodes.iter().find(|(n, _)| *n == node).expect("node").1;
-                    inq.record(&node, &text, grounded::locate(&sub, units, 4));
+                    inq.record(
+                        &node,
+                        &text,
+                        grounded::locate(&sub, units, grounded::LOCATE_K),
+                    );
                 }
             }
         }
@@ -129,7 +123,11 @@ fn grounded_pipeline_keeps_its_score_on_the_projects_own_scenarios() {
     if let Some((dok, dn)) = score_file(&root.join("../shared/eval/swarm_qa/dev.jsonl")) {
         eprintln!("dev split: {dok}/{dn}");
     }
+    // Held back from development: scored, never asserted on.
+    if let Some((fok, fn_)) = score_file(&root.join("benches/swarm_qa/fresh.jsonl")) {
+        eprintln!("fresh scenarios: {fok}/{fn_}");
+    }
     assert_eq!(n, 24);
-    // A regression floor: what the pipeline answered when this test was written.
-    assert!(ok >= 8, "only {ok}/{n} right");
+    // A regression floor, a little under what the pipeline answers now (15/24).
+    assert!(ok >= 13, "only {ok}/{n} right");
 }

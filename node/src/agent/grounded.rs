@@ -193,7 +193,7 @@ pub fn document_units(document: &str, text: &str) -> Vec<Unit> {
         }
         // A list item or a `Key: value` line is a unit of its own.
         let item = strip_list_marker(line);
-        if item.len() != line.len() || key_value(line).is_some() {
+        if item.len() != line.len() || key_value(line).is_some() || line.contains(" = ") {
             flush(&mut paragraph, &mut out, &heading, &mut push);
             for s in split_sentences(item) {
                 let fields: Fields = key_value(&s).into_iter().collect();
@@ -516,10 +516,22 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         "how" if !np.is_empty() => Slot::Quantity,
         "how" => Slot::Thing,
         _ => {
-            if head == "time" {
+            // `what time the front door gets locked`: the noun right after the wh-word
+            // says the kind, whatever follows.
+            let first = np.first().map(String::as_str);
+            // (Not a compound: `what time control` asks for a control.)
+            let then_free = np.get(1).is_none_or(|w| {
+                [
+                    "the", "a", "an", "his", "her", "their", "its", "our", "my", "your", "on",
+                    "at", "in", "for", "of", "to", "this", "that", "next",
+                ]
+                .contains(&w.as_str())
+            });
+            if head == "time" || (first == Some("time") && then_free) {
                 Slot::Time
-            } else if ["day", "date", "days", "dates", "week", "month", "year"]
-                .contains(&head.as_str())
+            } else if (matches!(first, Some("day" | "date")) && then_free)
+                || ["day", "date", "days", "dates", "week", "month", "year"]
+                    .contains(&head.as_str())
             {
                 Slot::Date
             } else if np.iter().any(|w| quantity_words.contains(&w.as_str())) {
@@ -603,6 +615,20 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         }
     }
     let mut slot = slot;
+    // `who is doing the alterations on the dress ...`: the first words name the role; the
+    // rest says whose (and stays a term of the clause, not of the slot).
+    if matches!(wh.as_str(), "who" | "whom") {
+        slot_terms.clear();
+    }
+    // `how much will it cost`: the verb names the quantity.
+    if slot == Slot::Quantity && slot_terms.is_empty() {
+        if let Some(v) = ws[i + 1..]
+            .iter()
+            .find(|w| quantity_words.contains(&w.as_str()) && !ASKING_WORDS.contains(&w.as_str()))
+        {
+            slot_terms.extend(terms_of(v));
+        }
+    }
     // `who leads` / `what does he weigh`: the verb names the slot.
     if slot == Slot::Person || (wh == "what" && np.is_empty()) {
         let skip = [
@@ -855,6 +881,10 @@ pub struct Located {
     pub score: f32,
     /// The value answering the sub-question, copied from the unit.
     pub span: Option<String>,
+    /// Whether the unit says the fact is not settled yet (`Choreographer: TBC`, `pricing
+    /// not set yet`): evidence that nobody can answer, which outranks weaker values.
+    #[serde(default)]
+    pub pending: bool,
 }
 
 /// The index terms of the weekday and month names (`Wednesday` -> `wednesday`).
@@ -867,6 +897,17 @@ fn calendar_terms() -> &'static [String] {
             .filter(|t| !t.is_empty())
             .collect()
     })
+}
+
+/// Whether `text` says a fact is not settled (`TBC`, `to be confirmed`, `not set yet`,
+/// `???`).
+fn is_pending(text: &str) -> bool {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)\b(?:tbc|tbd|tba|to be (?:confirmed|decided|agreed|announced|set|fixed)|not (?:yet )?(?:set|decided|confirmed|agreed|fixed|announced)|not been (?:set|decided|confirmed|agreed)|undecided)\b|\?\?\?",
+    )
+    .is_match(text)
 }
 
 /// Whether `text` marks what it states as past: `last year`, `last season`, `previously`,
@@ -979,10 +1020,12 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
             if score <= 0.0 {
                 return None;
             }
+            let pending = is_pending(&u.text);
             Some(Located {
-                span: extract(sub, u),
+                span: if pending { None } else { extract(sub, u) },
                 unit: u.clone(),
                 score,
+                pending,
             })
         })
         .collect();
@@ -1058,6 +1101,15 @@ fn clock_re() -> &'static Regex {
     )
 }
 
+/// A conversion statement: `1 <unit> = <number> <unit>` (or `is`, `as`, `equals`).
+fn conversion_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)\b1 ((?:nautical |statute )?[a-z]+)\s*(?:=|is|as|equals|makes)\s*(?:about |roughly )?(\d[\d,]*(?:\.\d+)?)\s?([a-z]+)\b",
+    )
+}
+
 /// `Sat` / `Sun` before a number, for [`terms_of`].
 fn weekend_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
@@ -1126,7 +1178,11 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             }
             v
         }
-        Slot::Quantity => found(quantity_re()),
+        Slot::Quantity => {
+            let mut v = found(conversion_re());
+            v.extend(found(quantity_re()));
+            v
+        }
         // A count is no clock time (`14` of `14:00`).
         // A count is no measure (`60–90 cm`) and no part of a range.
         Slot::Count => count_re()
@@ -1163,6 +1219,80 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             v.extend(found(person_re()));
             v
         }
+    }
+}
+
+/// What a quantity measures: `money`, `mass`, `volume`, `length`, `time` (a duration),
+/// `temperature` or `percent`; `None` for a bare number or a count of things.
+fn dimension(span: &str) -> Option<&'static str> {
+    if span.contains(['£', '$', '€']) {
+        return Some("money");
+    }
+    if span.contains('°') {
+        return Some("temperature");
+    }
+    let q = parse_quantity(span)?;
+    match q.unit.as_str() {
+        "%" => Some("percent"),
+        "pounds" | "euros" | "dollars" | "pence" | "p" => Some("money"),
+        "miles" | "mile" | "nautical" | "nm" => Some("length"),
+        u => ["mass", "volume", "length", "time"]
+            .into_iter()
+            .zip(["g", "ml", "cm", "s"])
+            .find(|(_, base)| conversion(u, base).is_some())
+            .map(|(d, _)| d),
+    }
+}
+
+/// What the slot's words say the asked quantity measures (`cost` -> money, `weigh` ->
+/// mass), as [`dimension`] names it.
+fn asked_dimension(sub: &SubQuestion) -> Option<&'static str> {
+    const KINDS: &[(&str, &[&str])] = &[
+        (
+            "money",
+            &[
+                "cost",
+                "price",
+                "fee",
+                "charg",
+                "pay",
+                "spend",
+                "expensive",
+                "cheap",
+                "fare",
+                "rent",
+            ],
+        ),
+        ("mass", &["weight", "weigh", "heavy", "heaviest", "mass"]),
+        ("temperature", &["temperature", "warm", "hot", "cold"]),
+        (
+            "length",
+            &[
+                "distance", "far", "tall", "height", "depth", "deep", "wide", "width",
+            ],
+        ),
+    ];
+    // A question that names the unit it wants (`in kilograms`) may need a conversion of
+    // another dimension (litres of fuel to its mass).
+    if !matches!(sub.slot, Slot::Quantity) || asked_unit(&sub.text).is_some() {
+        return None;
+    }
+    let mut kinds = KINDS
+        .iter()
+        .filter(|(_, words)| sub.slot_terms.iter().any(|t| words.contains(&t.as_str())))
+        .map(|(d, _)| *d);
+    // One kind, or none said for sure.
+    match (kinds.next(), kinds.next()) {
+        (Some(d), None) => Some(d),
+        _ => None,
+    }
+}
+
+/// Whether `span` measures something other than what `sub` asks (`15 minutes` for a cost).
+fn wrong_dimension(sub: &SubQuestion, span: &str) -> bool {
+    match (asked_dimension(sub), dimension(span)) {
+        (Some(a), Some(d)) => a != d,
+        _ => false,
     }
 }
 
@@ -1234,11 +1364,12 @@ fn cell_fits(slot: Slot, value: &str) -> bool {
     }
     match slot {
         // A date (`2 May`) or a time has capitals too, but it is nobody.
+        // A person is named (`Obi Strand`, `Mrs Hale`): `TBC`, `Act 2, ballroom` or a
+        // date are nobody.
         Slot::Person => {
-            value.chars().any(char::is_uppercase)
+            person_re().is_match(value)
                 && !value.chars().any(|c| c.is_ascii_digit())
                 && !date_re().is_match(value)
-                && !time_re().is_match(value)
         }
         Slot::Quantity | Slot::Count => value.chars().any(|c| c.is_ascii_digit()),
         Slot::Time => time_re().is_match(value),
@@ -1258,7 +1389,7 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         return None;
     }
     // 1. A named field whose name matches the slot's words.
-    if let Some(v) = named_value(sub, unit) {
+    if let Some(v) = named_value(sub, unit).filter(|v| !wrong_dimension(sub, v)) {
         return Some(v);
     }
     // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`), or a
@@ -1311,6 +1442,9 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     };
     for v in values {
         for span in typed_spans(sub.slot, v) {
+            if wrong_dimension(sub, &span) {
+                continue;
+            }
             if !(only_repeats(sub, &span) || specific_noun && sub.slot == Slot::Thing) {
                 if sub.slot == Slot::Place && unit.fields.len() > 1 {
                     // A table row holds a place only under a column naming one (step 1 or
@@ -1577,9 +1711,24 @@ fn canonical_unit(u: &str) -> String {
         "hour" | "hours" | "h" | "hr" | "hrs" => "h",
         "second" | "seconds" | "s" | "sec" | "secs" => "s",
         "percent" | "per cent" | "%" => "%",
+        "nautical mile" | "nautical miles" | "nmi" => "nmi",
+        "mile" | "miles" | "mi" | "statute mile" | "statute miles" => "mi",
+        "foot" | "feet" | "ft" => "ft",
+        "inch" | "inches" | "in" => "in",
+        "pound" | "pounds" | "lb" | "lbs" => "lb",
+        "gallon" | "gallons" | "gal" => "gal",
         other => other,
     }
     .to_owned()
+}
+
+/// Whether `u` (canonical) is a unit of measurement this file knows (`in the morning`
+/// names none).
+fn is_unit(u: &str) -> bool {
+    ["g", "ml", "cm", "s"]
+        .iter()
+        .any(|base| conversion(u, base).is_some())
+        || ["mi", "nmi", "ft", "in", "lb", "gal", "%"].contains(&u)
 }
 
 /// Factor to convert `from` into `to` when both measure the same thing.
@@ -1620,6 +1769,18 @@ fn is_measure(unit: &str) -> bool {
 
 /// Reads a quantity from a span.
 pub fn parse_quantity(span: &str) -> Option<Quantity> {
+    // A conversion statement (`1 nautical mile = 1.852 km`, `count 1 mile as 1.6 km`) is a
+    // rate: 1.852 km per nautical mile.
+    if let Some(c) = conversion_re().captures(span) {
+        let value: f64 = c[2].replace(',', "").parse().ok()?;
+        return Some(Quantity {
+            value,
+            unit: canonical_unit(&c[3]),
+            per: Some(canonical_unit(&c[1])),
+            // Shown as the rate it is (the citation quotes the statement).
+            text: format!("{} {} per {}", &c[2], &c[3], &c[1]),
+        });
+    }
     let m = number_re().find(span)?;
     let value: f64 = m.as_str().replace(',', "").parse().ok()?;
     let rest = span[m.end()..].trim();
@@ -1630,7 +1791,17 @@ pub fn parse_quantity(span: &str) -> Option<Quantity> {
         ),
         None => (rest, None),
     };
-    let unit = unit.split_whitespace().next().unwrap_or("");
+    // Two-word units first (`nautical miles`).
+    let two: String = unit
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let unit = if canonical_unit(&two) != two.to_lowercase() {
+        two.as_str()
+    } else {
+        unit.split_whitespace().next().unwrap_or("")
+    };
     Some(Quantity {
         value,
         unit: canonical_unit(unit),
@@ -1658,7 +1829,7 @@ pub fn asked_unit(question: &str) -> Option<String> {
         .collect();
     ws.windows(2).find_map(|w| {
         let u = canonical_unit(w[1]);
-        (w[0] == "in" && conversion(&u, &u).is_some() && u.len() <= 3).then_some(u)
+        (w[0] == "in" && is_unit(&u)).then_some(u)
     })
 }
 
@@ -1864,6 +2035,11 @@ pub struct NodeHit {
 
 /// Least [`Located::score`] for evidence to count as found.
 pub const MIN_SCORE: f32 = 0.3;
+
+/// Most units one node returns for one sub-question. A node holding many documents (or
+/// every document, as the benchmark's oracle does) needs room for both numbers of a
+/// calculation, a bridge start and the near misses that outrank them.
+pub const LOCATE_K: usize = 8;
 /// How much more of the question a chain of two units must cover than the best single
 /// unit before a bridge is preferred.
 pub const CHAIN_MARGIN: f32 = 0.15;
@@ -1896,10 +2072,17 @@ pub enum Route {
 }
 
 /// The best hit holding a value, if it is good enough.
+/// The best hit holding a value, unless evidence that the fact is not settled matches at
+/// least as well (then nobody can answer it).
 pub fn best_direct(hits: &[NodeHit]) -> Option<&NodeHit> {
-    hits.iter()
+    let best = hits
+        .iter()
         .filter(|h| h.located.span.is_some() && h.located.score >= MIN_SCORE)
-        .max_by(|a, b| a.located.score.total_cmp(&b.located.score))
+        .max_by(|a, b| a.located.score.total_cmp(&b.located.score))?;
+    let unsettled = hits
+        .iter()
+        .any(|h| h.located.pending && h.located.score >= best.located.score);
+    (!unsettled).then_some(best)
 }
 
 /// Hits that may start a bridge: good matches without a value that name something the
@@ -1976,9 +2159,17 @@ pub fn plan_calc(
     sub: &SubQuestion,
     hits: &[NodeHit],
 ) -> Option<(NodeHit, NodeHit, Calculation)> {
+    // A conversion factor (`1 mile = 1.6 km`) is a general fact: it need not match the
+    // question's words, only convert its value.
     let mut qs: Vec<(&NodeHit, Quantity)> = hits
         .iter()
-        .filter(|h| h.located.score >= MIN_SCORE * 0.6)
+        .filter(|h| {
+            h.located.score >= MIN_SCORE * 0.6
+                || h.located
+                    .span
+                    .as_deref()
+                    .is_some_and(|s| conversion_re().is_match(s))
+        })
         .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?)))
         .collect();
     qs.sort_by(|a, b| b.0.located.score.total_cmp(&a.0.located.score));
@@ -2321,6 +2512,190 @@ pub fn route_with_bridges(
     base
 }
 
+// ---------------------------------------------------------------------------------------
+// The plan: which probes route each sub-question (sans-IO)
+// ---------------------------------------------------------------------------------------
+
+/// Where a [`Planner`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The sub-questions as asked.
+    Asked,
+    /// Relaxed sub-questions of the calculations (no names required).
+    Relaxed,
+    /// Follow-ups of the bridge starts.
+    Follows,
+    /// Every sub-question is routed.
+    Done,
+}
+
+/// What the caller does next for a [`Planner`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlanStep {
+    /// Probe the candidate nodes with these sub-questions and hand the hits (one list per
+    /// sub-question, in order) to [`Planner::handle`].
+    Probe(Vec<SubQuestion>),
+    /// Each sub-question (as finally asked) with its route: what [`Inquiry::new`] takes.
+    Done(Vec<(SubQuestion, Route)>),
+}
+
+/// The routing plan of one task, sans-IO: it decomposes the task, asks for at most three
+/// rounds of probes (the sub-questions; the relaxed ones that calculations need; the
+/// follow-ups of bridge starts) and routes every sub-question. The runtime moves the
+/// probes over the network; the offline test and the benchmark probe documents in memory.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    task: String,
+    subs: Vec<SubQuestion>,
+    hits: Vec<Vec<NodeHit>>,
+    follows: Vec<Vec<(NodeHit, SubQuestion)>>,
+    chains: Vec<Vec<ChainHits>>,
+    stage: Stage,
+    /// Which sub-questions the pending probe is about (indices into `subs`), and for
+    /// follow-ups which start.
+    pending: Vec<(usize, usize)>,
+}
+
+/// A bridge start with its follow-up question, and the hits of that follow-up.
+type ChainHits = ((NodeHit, SubQuestion), Vec<NodeHit>);
+
+/// How many bridge starts of one sub-question are followed up.
+const BRIDGE_STARTS: usize = 2;
+
+impl Planner {
+    /// The plan of `task` (its sub-questions from [`decompose`]).
+    pub fn new(task: &str) -> Self {
+        let subs = decompose(task);
+        let n = subs.len();
+        Self {
+            task: task.to_owned(),
+            subs,
+            hits: vec![Vec::new(); n],
+            follows: vec![Vec::new(); n],
+            chains: vec![Vec::new(); n],
+            stage: Stage::Asked,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The sub-questions as they stand (relaxed once a calculation was found).
+    pub fn subs(&self) -> &[SubQuestion] {
+        &self.subs
+    }
+
+    /// The hits each sub-question has (for diagnostics).
+    pub fn hits(&self) -> &[Vec<NodeHit>] {
+        &self.hits
+    }
+
+    /// The next probe to run, or the routes when none is left.
+    pub fn next_step(&mut self) -> PlanStep {
+        loop {
+            match self.stage {
+                Stage::Asked if self.pending.is_empty() => {
+                    if self.subs.is_empty() {
+                        self.stage = Stage::Done;
+                        continue;
+                    }
+                    self.pending = (0..self.subs.len()).map(|i| (i, 0)).collect();
+                    return PlanStep::Probe(self.subs.clone());
+                }
+                Stage::Relaxed if self.pending.is_empty() => {
+                    // A calculation also needs the general figure that never names the
+                    // entity (a class limit, a conversion factor).
+                    let calcs: Vec<usize> = (0..self.subs.len())
+                        .filter(|&i| {
+                            calc_op(&self.task, &self.subs[i], best_direct(&self.hits[i])).is_some()
+                        })
+                        .collect();
+                    if calcs.is_empty() {
+                        self.start_follows();
+                        continue;
+                    }
+                    for &i in &calcs {
+                        self.subs[i] = self.subs[i].relaxed();
+                    }
+                    self.pending = calcs.iter().map(|&i| (i, 0)).collect();
+                    return PlanStep::Probe(calcs.iter().map(|&i| self.subs[i].clone()).collect());
+                }
+                Stage::Follows if self.pending.is_empty() => {
+                    let mut asked = Vec::new();
+                    for (i, f) in self.follows.iter().enumerate() {
+                        for (j, (_, q)) in f.iter().enumerate() {
+                            self.pending.push((i, j));
+                            asked.push(q.clone());
+                        }
+                    }
+                    if asked.is_empty() {
+                        self.stage = Stage::Done;
+                        continue;
+                    }
+                    return PlanStep::Probe(asked);
+                }
+                Stage::Done => {
+                    let routed = (0..self.subs.len())
+                        .map(|i| {
+                            let sub = &self.subs[i];
+                            let route =
+                                route_with_bridges(&self.task, sub, &self.hits[i], &self.chains[i]);
+                            (sub.clone(), route)
+                        })
+                        .collect();
+                    return PlanStep::Done(routed);
+                }
+                // A probe is pending: ask for it again.
+                _ => {
+                    let asked = self
+                        .pending
+                        .iter()
+                        .map(|&(i, j)| match self.stage {
+                            Stage::Follows => self.follows[i][j].1.clone(),
+                            _ => self.subs[i].clone(),
+                        })
+                        .collect();
+                    return PlanStep::Probe(asked);
+                }
+            }
+        }
+    }
+
+    /// The hits of the pending probe, one list per sub-question asked (missing lists count
+    /// as no hits, extra ones are ignored).
+    pub fn handle(&mut self, mut hits: Vec<Vec<NodeHit>>) {
+        hits.resize(self.pending.len(), Vec::new());
+        let pending = std::mem::take(&mut self.pending);
+        match self.stage {
+            Stage::Asked => {
+                for ((i, _), h) in pending.into_iter().zip(hits) {
+                    self.hits[i] = h;
+                }
+                self.stage = Stage::Relaxed;
+            }
+            Stage::Relaxed => {
+                for ((i, _), h) in pending.into_iter().zip(hits) {
+                    self.hits[i] = h;
+                }
+                self.start_follows();
+            }
+            Stage::Follows => {
+                for ((i, j), h) in pending.into_iter().zip(hits) {
+                    let start = self.follows[i][j].clone();
+                    self.chains[i].push((start, h));
+                }
+                self.stage = Stage::Done;
+            }
+            Stage::Done => {}
+        }
+    }
+
+    fn start_follows(&mut self) {
+        for i in 0..self.subs.len() {
+            self.follows[i] = bridge_starts(&self.subs[i], &self.hits[i], BRIDGE_STARTS);
+        }
+        self.stage = Stage::Follows;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2335,6 +2710,7 @@ mod tests {
             quantity_re(),
             clock_re(),
             weekend_re(),
+            conversion_re(),
             count_re(),
             number_re(),
             time_re(),
@@ -2653,5 +3029,90 @@ mod tests {
         );
         let w = &decompose("How heavy is Tansy?")[0];
         assert_eq!(locate(w, &weights, 1)[0].span.as_deref(), Some("5.4 kg"));
+    }
+
+    #[test]
+    fn a_conversion_statement_is_a_rate_the_calculator_uses() {
+        let q = parse_quantity("1 nautical mile = 1.852 km").expect("a rate");
+        assert_eq!(
+            (q.value, q.unit.as_str(), q.per.as_deref()),
+            (1.852, "km", Some("nmi"))
+        );
+        let race = parse_quantity("7.5 nautical miles").expect("a length");
+        assert_eq!(race.unit, "nmi");
+        let c = calculate(CalcOp::Product, &race, &q).expect("converts");
+        assert_eq!(c.result, "13.89 km");
+        let units = document_units(
+            "u.md",
+            "1 knot = 1 nautical mile per hour\n1 mile = 1.6 km\n",
+        );
+        assert_eq!(units.len(), 2, "each statement is a unit of its own");
+        // `in the morning` names no unit.
+        assert_eq!(asked_unit("How far is it in the morning?"), None);
+        assert_eq!(
+            asked_unit("How far is it in kilometres?").as_deref(),
+            Some("km")
+        );
+    }
+
+    #[test]
+    fn unsettled_facts_and_wrong_kinds_give_no_value() {
+        let rows = document_units(
+            "s.md",
+            "| Number | Choreographer |\n|---|---|\n| Finale | TBC |\n| Opening | Clothilde Renard |\n",
+        );
+        let who = &decompose("Who is choreographing the finale?")[0];
+        let found = locate(who, &rows, 2);
+        assert!(found[0].pending && found[0].span.is_none());
+        let hits: Vec<NodeHit> = found
+            .into_iter()
+            .map(|l| NodeHit {
+                node_id: "n".into(),
+                located: l,
+            })
+            .collect();
+        assert!(
+            best_direct(&hits).is_none(),
+            "TBC outranks another row's name"
+        );
+        let cost = &decompose("How much will it cost to play the new room?")[0];
+        let notes = document_units("r.md", "The new room: a 60 minutes game.");
+        assert_eq!(extract(cost, &notes[0]), None, "a duration is no price");
+    }
+
+    #[test]
+    fn the_planner_asks_for_relaxed_probes_only_for_calculations() {
+        let mut p = Planner::new("How many more chairs do we need for the Lark Hall dinner?");
+        let PlanStep::Probe(asked) = p.next_step() else {
+            panic!("the first step probes the sub-questions");
+        };
+        assert_eq!(asked.len(), 1);
+        let hit = |node: &str, doc: &str, text: &str| {
+            let unit = document_units(doc, text).remove(0);
+            let sub = &asked[0];
+            NodeHit {
+                node_id: node.into(),
+                located: Located {
+                    span: extract(sub, &unit),
+                    score: score_unit(sub, &unit).unwrap_or(0.0),
+                    unit,
+                    pending: false,
+                },
+            }
+        };
+        p.handle(vec![vec![
+            hit("a", "guests.md", "Lark Hall dinner: 120 chairs needed."),
+            hit("b", "store.md", "Lark Hall store holds 80 chairs."),
+        ]]);
+        // A difference: the relaxed question (no name required) is probed next.
+        let PlanStep::Probe(relaxed) = p.next_step() else {
+            panic!("a calculation probes its relaxed question");
+        };
+        assert!(relaxed[0].terms.iter().all(|t| !t.required));
+        p.handle(vec![]);
+        let PlanStep::Done(routed) = p.next_step() else {
+            panic!("no bridge to follow");
+        };
+        assert_eq!(routed.len(), 1);
     }
 }

@@ -30,7 +30,8 @@ use super::chat::{
 use super::executor::{Executor, TaskSpec};
 use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
 use super::grounded::{
-    self, Answer, AnswerStatus, Citation, Inquiry, Located, Next, NodeHit, SubQuestion,
+    self, Answer, AnswerStatus, Citation, Inquiry, Located, Next, NodeHit, PlanStep, Planner,
+    SubQuestion,
 };
 use super::llm::Llm;
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
@@ -235,7 +236,7 @@ pub struct LocateRequest {
     pub subs: Vec<SubQuestion>,
 }
 
-/// `agent`/`locate` reply: per sub-question, the best units (at most [`LOCATE_K`]).
+/// `agent`/`locate` reply: per sub-question, the best units (at most [`grounded::LOCATE_K`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LocateReply {
     /// Per sub-question, in order.
@@ -245,8 +246,6 @@ pub struct LocateReply {
 /// Task results a node keeps for `GET /api/tasks/{id}`.
 pub const KEPT_RESULTS: usize = 256;
 
-/// Units a node returns per sub-question when probed or asked.
-pub const LOCATE_K: usize = 4;
 /// Most sub-questions one `locate` request may carry.
 pub const MAX_LOCATE_SUBS: usize = 16;
 /// Cards probed per query (the task and each sub-question) in a grounded inquiry.
@@ -816,10 +815,12 @@ impl Agent {
         parent: Option<String>,
         depth: u32,
     ) -> Result<TaskResult, AgentError> {
-        let subs = grounded::decompose(task);
+        let mut planner = Planner::new(task);
         // Search: the cards matching the task or one of its sub-questions.
         let mut candidates: Vec<String> = Vec::new();
-        let queries = std::iter::once(task.to_owned()).chain(subs.iter().map(|s| s.text.clone()));
+        let queries = std::iter::once(task.to_owned())
+            .chain(planner.subs().iter().map(|s| s.text.clone()))
+            .collect::<Vec<_>>();
         for q in queries {
             for h in self.search_cards(&q, PROBE_CARDS).await {
                 if !candidates.contains(&h.card.node_id) {
@@ -828,32 +829,18 @@ impl Agent {
             }
         }
         candidates.truncate(MAX_PROBED);
-        let hits = self.probe(&candidates, &subs).await;
-        let mut routed = Vec::new();
-        for (sub, sub_hits) in subs.iter().zip(hits) {
-            // A calculation also needs the general figure that never names the entity.
-            let (sub, sub_hits) =
-                if grounded::calc_op(task, sub, grounded::best_direct(&sub_hits)).is_some() {
-                    let relaxed = sub.relaxed();
-                    let h = self
-                        .probe(&candidates, std::slice::from_ref(&relaxed))
-                        .await;
-                    (relaxed, h.into_iter().next().unwrap_or_default())
-                } else {
-                    (sub.clone(), sub_hits)
-                };
-            let (sub, sub_hits) = (&sub, &sub_hits);
-            let starts = grounded::bridge_starts(sub, sub_hits, 2);
-            let chains = if starts.is_empty() {
-                Vec::new()
-            } else {
-                let follows: Vec<SubQuestion> = starts.iter().map(|(_, f)| f.clone()).collect();
-                let follow_hits = self.probe(&candidates, &follows).await;
-                starts.into_iter().zip(follow_hits).collect()
-            };
-            let route = grounded::route_with_bridges(task, sub, sub_hits, &chains);
+        // The plan asks for at most three rounds of probes; this side only moves them.
+        let routed = loop {
+            match planner.next_step() {
+                PlanStep::Probe(asked) => {
+                    let hits = self.probe(&candidates, &asked).await;
+                    planner.handle(hits);
+                }
+                PlanStep::Done(routed) => break routed,
+            }
+        };
+        for (sub, route) in &routed {
             tracing::debug!(sub = %sub.text, ?route, "routed");
-            routed.push((sub.clone(), route));
         }
         let inquiry = Inquiry::new(task, &self.0.me, routed);
         let member_ids = inquiry.members();
@@ -936,7 +923,7 @@ impl Agent {
                 }
             };
             for (i, hits) in reply.hits.into_iter().enumerate().take(subs.len()) {
-                for l in hits.into_iter().take(LOCATE_K) {
+                for l in hits.into_iter().take(grounded::LOCATE_K) {
                     out[i].push(NodeHit {
                         node_id: peer.to_string(),
                         located: l,
@@ -953,7 +940,7 @@ impl Agent {
             .executor
             .tools()
             .docs()
-            .map(|d| d.locate(sub, LOCATE_K))
+            .map(|d| d.locate(sub, grounded::LOCATE_K))
             .unwrap_or_default()
     }
 
