@@ -31,6 +31,7 @@ fn probe(nodes: &[(String, Vec<Unit>)], subs: &[SubQuestion]) -> Vec<Vec<NodeHit
                         .map(move |l| NodeHit {
                             node_id: name.clone(),
                             located: l,
+                            prior: 0.0,
                         })
                 })
                 .collect()
@@ -46,7 +47,17 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
         .map(|n| (n.name.clone(), units_of(n)))
         .collect();
     // The same plan as the runtime, its probes answered from the documents in memory.
-    let mut planner = Planner::new(&s.question);
+    let cards = s
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name.clone(),
+                format!("{} {}", n.description, n.skills.join(" ")),
+            )
+        })
+        .collect();
+    let mut planner = Planner::new(&s.question).with_cards(cards);
     let routed = loop {
         match planner.next_step() {
             PlanStep::Probe(asked) => {

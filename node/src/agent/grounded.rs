@@ -2031,6 +2031,31 @@ pub struct NodeHit {
     pub node_id: String,
     /// What it located.
     pub located: Located,
+    /// How well the node's agent card matches the sub-question ([`card_prior`]): breaks
+    /// ties between equally good units of different nodes.
+    #[serde(default)]
+    pub prior: f32,
+}
+
+/// Weighted share of `sub`'s own terms (context aside) that the agent card `card` holds:
+/// of two nodes whose documents match equally (`Date: 3 Nov` at the nurse's, `Day: 12 Nov`
+/// at the theatre scheduler's), the one whose card says it keeps such facts.
+pub fn card_prior(sub: &SubQuestion, card: &str) -> f32 {
+    let terms: HashSet<String> = terms_of(card).into_iter().collect();
+    let (mut hit, mut total) = (0.0, 0.0);
+    for t in sub.terms.iter().filter(|t| !t.context) {
+        total += t.weight;
+        if terms.contains(&t.term)
+            || (t.term.len() >= 4 && terms.iter().any(|x| term_matches(x, &t.term)))
+        {
+            hit += t.weight;
+        }
+    }
+    if total > 0.0 {
+        hit / total
+    } else {
+        0.0
+    }
 }
 
 /// Least [`Located::score`] for evidence to count as found.
@@ -2078,7 +2103,12 @@ pub fn best_direct(hits: &[NodeHit]) -> Option<&NodeHit> {
     let best = hits
         .iter()
         .filter(|h| h.located.span.is_some() && h.located.score >= MIN_SCORE)
-        .max_by(|a, b| a.located.score.total_cmp(&b.located.score))?;
+        .max_by(|a, b| {
+            a.located
+                .score
+                .total_cmp(&b.located.score)
+                .then(a.prior.total_cmp(&b.prior))
+        })?;
     let unsettled = hits
         .iter()
         .any(|h| h.located.pending && h.located.score >= best.located.score);
@@ -2441,6 +2471,7 @@ impl Inquiry {
                         s.result.iter().flatten().map(|l| NodeHit {
                             node_id: s.node_id.clone(),
                             located: l.clone(),
+                            prior: 0.0,
                         })
                     })
                     .collect();
@@ -2554,6 +2585,8 @@ pub struct Planner {
     /// Which sub-questions the pending probe is about (indices into `subs`), and for
     /// follow-ups which start.
     pending: Vec<(usize, usize)>,
+    /// The agent cards (node id, description) known for the probed nodes.
+    cards: Vec<(String, String)>,
 }
 
 /// A bridge start with its follow-up question, and the hits of that follow-up.
@@ -2575,6 +2608,24 @@ impl Planner {
             chains: vec![Vec::new(); n],
             stage: Stage::Asked,
             pending: Vec::new(),
+            cards: Vec::new(),
+        }
+    }
+
+    /// The agent cards (node id, description) of the nodes that will be probed; their
+    /// [`card_prior`] breaks ties between nodes.
+    pub fn with_cards(mut self, cards: Vec<(String, String)>) -> Self {
+        self.cards = cards;
+        self
+    }
+
+    fn set_priors(&self, sub: &SubQuestion, hits: &mut [NodeHit]) {
+        for h in hits {
+            h.prior = self
+                .cards
+                .iter()
+                .find(|(id, _)| *id == h.node_id)
+                .map_or(0.0, |(_, card)| card_prior(sub, card));
         }
     }
 
@@ -2663,6 +2714,13 @@ impl Planner {
     /// as no hits, extra ones are ignored).
     pub fn handle(&mut self, mut hits: Vec<Vec<NodeHit>>) {
         hits.resize(self.pending.len(), Vec::new());
+        for (&(i, j), h) in self.pending.iter().zip(hits.iter_mut()) {
+            let sub = match self.stage {
+                Stage::Follows => &self.follows[i][j].1,
+                _ => &self.subs[i],
+            };
+            self.set_priors(sub, h);
+        }
         let pending = std::mem::take(&mut self.pending);
         match self.stage {
             Stage::Asked => {
@@ -2890,6 +2948,7 @@ mod tests {
                 .map(|l| NodeHit {
                     node_id: node.into(),
                     located: l,
+                    prior: 0.0,
                 })
                 .collect()
         };
@@ -3069,6 +3128,7 @@ mod tests {
             .map(|l| NodeHit {
                 node_id: "n".into(),
                 located: l,
+                prior: 0.0,
             })
             .collect();
         assert!(
@@ -3098,6 +3158,7 @@ mod tests {
                     unit,
                     pending: false,
                 },
+                prior: 0.0,
             }
         };
         p.handle(vec![vec![

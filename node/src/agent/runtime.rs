@@ -815,7 +815,7 @@ impl Agent {
         parent: Option<String>,
         depth: u32,
     ) -> Result<TaskResult, AgentError> {
-        let mut planner = Planner::new(task);
+        let planner = Planner::new(task);
         // Search: the cards matching the task or one of its sub-questions.
         let mut candidates: Vec<String> = Vec::new();
         let queries = std::iter::once(task.to_owned())
@@ -829,6 +829,16 @@ impl Agent {
             }
         }
         candidates.truncate(MAX_PROBED);
+        let cards: Vec<(String, String)> = self
+            .known_cards()
+            .into_iter()
+            .filter(|k| candidates.contains(&k.node_id) || k.node_id == self.0.me)
+            .map(|k| {
+                let text = format!("{} {}", k.card.description, k.card.skills.join(" "));
+                (k.node_id, text)
+            })
+            .collect();
+        let mut planner = planner.with_cards(cards);
         // The plan asks for at most three rounds of probes; this side only moves them.
         let routed = loop {
             match planner.next_step() {
@@ -839,8 +849,17 @@ impl Agent {
                 PlanStep::Done(routed) => break routed,
             }
         };
-        for (sub, route) in &routed {
+        for ((sub, route), hits) in routed.iter().zip(planner.hits()) {
             tracing::debug!(sub = %sub.text, ?route, "routed");
+            for h in hits {
+                tracing::trace!(
+                    node = %h.node_id,
+                    score = h.located.score,
+                    span = ?h.located.span,
+                    unit = %h.located.unit.text,
+                    "hit"
+                );
+            }
         }
         let inquiry = Inquiry::new(task, &self.0.me, routed);
         let member_ids = inquiry.members();
@@ -894,6 +913,7 @@ impl Agent {
                 out[i].push(NodeHit {
                     node_id: self.0.me.clone(),
                     located: l,
+                    prior: 0.0,
                 });
             }
         }
@@ -927,6 +947,7 @@ impl Agent {
                     out[i].push(NodeHit {
                         node_id: peer.to_string(),
                         located: l,
+                        prior: 0.0,
                     });
                 }
             }
