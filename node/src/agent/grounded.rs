@@ -899,6 +899,34 @@ fn calendar_terms() -> &'static [String] {
     })
 }
 
+/// The revisions `text` states, as (old, new) values: `moved from 10 March to 17 March`,
+/// `brought forward from 06:30 to 05:50`, `raised from 300` (no new value said), `15:00
+/// (was 14:30 ...)`, `(previously 40 beds)`.
+pub fn revisions(text: &str) -> Vec<(String, String)> {
+    static FROM_TO: OnceLock<Regex> = OnceLock::new();
+    static WAS: OnceLock<Regex> = OnceLock::new();
+    let from_to = re(
+        &FROM_TO,
+        r"(?i)\b(?:moved|changed|brought forward|put back|pushed back|rescheduled|revised|raised|lowered|increased|reduced|cut|updated|rose|fell|went up|went down|switched|regraded|replaced|re-?booked)\b[^.;]{0,40}?\bfrom ([^.;,()]{1,30}?)(?: to ([^.;,()]{1,30}?))?(?:[.;,()]|$| because| for | on | after | as | when )",
+    );
+    let was = re(
+        &WAS,
+        r"(?i)\((?:was|previously|formerly|originally|until [^)]{0,20}?)\s+([^);,]{1,30})",
+    );
+    let mut out = Vec::new();
+    for c in from_to.captures_iter(text) {
+        let old = c[1].trim().to_owned();
+        let new = c
+            .get(2)
+            .map_or(String::new(), |m| m.as_str().trim().to_owned());
+        out.push((old, new));
+    }
+    for c in was.captures_iter(text) {
+        out.push((c[1].trim().to_owned(), String::new()));
+    }
+    out
+}
+
 /// Whether `text` says a fact is not settled (`TBC`, `to be confirmed`, `not set yet`,
 /// `???`).
 fn is_pending(text: &str) -> bool {
@@ -1013,16 +1041,36 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
 /// ordered by position, the later first when the sub-question asks for the latest or the
 /// document is a log.
 pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
+    // Values that a unit of these documents says were revised (`moved from 10 March to 17
+    // March`, `15:00 (was 14:30)`): found elsewhere, they are near misses.
+    let superseded_values: Vec<Vec<String>> = units
+        .iter()
+        .flat_map(|u| revisions(&u.text))
+        .map(|(old, _)| terms_of(&old))
+        .filter(|t| !t.is_empty())
+        .collect();
     let mut out: Vec<Located> = units
         .iter()
         .filter_map(|u| {
-            let score = score_unit(sub, u)?;
+            let mut score = score_unit(sub, u)?;
             if score <= 0.0 {
                 return None;
             }
             let pending = is_pending(&u.text);
+            let span = if pending { None } else { extract(sub, u) };
+            if let Some(v) = &span {
+                let vt = terms_of(v);
+                let revised_here = revisions(&u.text)
+                    .iter()
+                    .any(|(_, new)| terms_of(new).iter().any(|t| vt.contains(t)));
+                let is_old =
+                    |old: &Vec<String>| !vt.is_empty() && vt.iter().all(|t| old.contains(t));
+                if !revised_here && superseded_values.iter().any(is_old) {
+                    score *= 0.5;
+                }
+            }
             Some(Located {
-                span: if pending { None } else { extract(sub, u) },
+                span,
                 unit: u.clone(),
                 score,
                 pending,
@@ -1434,12 +1482,19 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
             }
         }
     }
-    // 3. A value of the slot's kind, in a field first.
-    let values: Vec<&str> = if unit.fields.is_empty() {
-        vec![unit.text.as_str()]
+    // 3. A value of the slot's kind, in a field first; in a revision, its new value
+    // (`moved from 10 March to 17 March`).
+    let news: Vec<String> = revisions(&unit.text)
+        .into_iter()
+        .map(|(_, new)| new)
+        .filter(|n| !n.is_empty())
+        .collect();
+    let mut values: Vec<&str> = news.iter().map(String::as_str).collect();
+    if unit.fields.is_empty() {
+        values.push(unit.text.as_str());
     } else {
-        unit.fields.iter().map(|(_, v)| v.as_str()).collect()
-    };
+        values.extend(unit.fields.iter().map(|(_, v)| v.as_str()));
+    }
     for v in values {
         for span in typed_spans(sub.slot, v) {
             if wrong_dimension(sub, &span) {
@@ -3175,5 +3230,28 @@ mod tests {
             panic!("no bridge to follow");
         };
         assert_eq!(routed.len(), 1);
+    }
+
+    #[test]
+    fn a_revised_value_is_a_near_miss_and_the_revision_gives_the_new_one() {
+        let units = document_units(
+            "deliveries.md",
+            "| Due | Item |\n|---|---|\n| 10 March | rye flour |\n\n\
+             The rye flour delivery was moved from 10 March to 17 March because the mill is shut.\n",
+        );
+        assert_eq!(
+            revisions(&units[1].text),
+            vec![("10 March".to_string(), "17 March".to_string())]
+        );
+        let when = &decompose("When is the rye flour delivery due?")[0];
+        let best = locate(when, &units, 2)
+            .into_iter()
+            .find(|l| l.span.is_some())
+            .and_then(|l| l.span);
+        assert_eq!(best.as_deref(), Some("17 March"));
+        assert_eq!(
+            revisions("Lock time: 15:00 (was 14:30 on the spring cycle)"),
+            vec![("14:30 on the spring cycle".to_string(), String::new())]
+        );
     }
 }
