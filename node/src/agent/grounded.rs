@@ -927,6 +927,38 @@ pub fn revisions(text: &str) -> Vec<(String, String)> {
     out
 }
 
+/// The hours (from, to) a part of the day the question names covers (`on the Saturday
+/// morning` -> before noon).
+fn day_part(sub: &SubQuestion) -> Option<(u32, u32)> {
+    let lower = sub.text.to_lowercase();
+    let words: Vec<&str> = lower.split(|c: char| !c.is_alphanumeric()).collect();
+    if words.contains(&"morning") {
+        Some((0, 12))
+    } else if words.contains(&"afternoon") {
+        Some((12, 18))
+    } else if words.contains(&"evening") || words.contains(&"night") || words.contains(&"tonight") {
+        Some((17, 24))
+    } else {
+        None
+    }
+}
+
+/// The hour of a clock time (`14:30`, `2 pm`), as [`terms_of`] reads it.
+fn hour_of(span: &str) -> Option<u32> {
+    let t = terms_of(span).into_iter().find(|t| {
+        t.len() == 5 && t.starts_with('t') && t[1..].chars().all(|c| c.is_ascii_digit())
+    })?;
+    t[1..3].parse().ok()
+}
+
+/// Whether the time `span` lies outside the part of the day the question names.
+fn outside_day_part(sub: &SubQuestion, span: &str) -> bool {
+    match (day_part(sub), hour_of(span)) {
+        (Some((from, to)), Some(h)) => h < from || h >= to,
+        _ => false,
+    }
+}
+
 /// Whether `text` says a fact is not settled (`TBC`, `to be confirmed`, `not set yet`,
 /// `???`).
 fn is_pending(text: &str) -> bool {
@@ -1437,7 +1469,9 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         return None;
     }
     // 1. A named field whose name matches the slot's words.
-    if let Some(v) = named_value(sub, unit).filter(|v| !wrong_dimension(sub, v)) {
+    if let Some(v) = named_value(sub, unit).filter(|v| {
+        !wrong_dimension(sub, v) && !(sub.slot == Slot::Time && outside_day_part(sub, v))
+    }) {
         return Some(v);
     }
     // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`), or a
@@ -1497,7 +1531,9 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     }
     for v in values {
         for span in typed_spans(sub.slot, v) {
-            if wrong_dimension(sub, &span) {
+            if wrong_dimension(sub, &span)
+                || (sub.slot == Slot::Time && outside_day_part(sub, &span))
+            {
                 continue;
             }
             if !(only_repeats(sub, &span) || specific_noun && sub.slot == Slot::Thing) {
@@ -3253,5 +3289,16 @@ mod tests {
             revisions("Lock time: 15:00 (was 14:30 on the spring cycle)"),
             vec![("14:30 on the spring cycle".to_string(), String::new())]
         );
+    }
+
+    #[test]
+    fn a_morning_question_takes_a_morning_time() {
+        let rows = document_units(
+            "coach.md",
+            "| Leg | Departs |\n|---|---|\n| Return coach | 14:30 |\n| Outbound coach | 08:15 |\n",
+        );
+        let when = &decompose("What time does the coach leave on Saturday morning?")[0];
+        assert_eq!(extract(when, &rows[0]), None);
+        assert_eq!(extract(when, &rows[1]).as_deref(), Some("08:15"));
     }
 }
