@@ -951,6 +951,12 @@ fn hour_of(span: &str) -> Option<u32> {
     t[1..3].parse().ok()
 }
 
+/// Whether `span` is a value of the wrong kind for `sub`: another dimension than asked
+/// (`15 minutes` for a cost), or a time outside the part of the day asked.
+fn unfit(sub: &SubQuestion, span: &str) -> bool {
+    wrong_dimension(sub, span) || (sub.slot == Slot::Time && outside_day_part(sub, span))
+}
+
 /// Whether the time `span` lies outside the part of the day the question names.
 fn outside_day_part(sub: &SubQuestion, span: &str) -> bool {
     match (day_part(sub), hour_of(span)) {
@@ -1469,9 +1475,7 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         return None;
     }
     // 1. A named field whose name matches the slot's words.
-    if let Some(v) = named_value(sub, unit).filter(|v| {
-        !wrong_dimension(sub, v) && !(sub.slot == Slot::Time && outside_day_part(sub, v))
-    }) {
+    if let Some(v) = named_value(sub, unit).filter(|v| !unfit(sub, v)) {
         return Some(v);
     }
     // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`), or a
@@ -1531,9 +1535,7 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     }
     for v in values {
         for span in typed_spans(sub.slot, v) {
-            if wrong_dimension(sub, &span)
-                || (sub.slot == Slot::Time && outside_day_part(sub, &span))
-            {
+            if unfit(sub, &span) {
                 continue;
             }
             if !(only_repeats(sub, &span) || specific_noun && sub.slot == Slot::Thing) {
