@@ -129,11 +129,14 @@ impl From<MembershipChoice> for MembershipPreset {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ApiSection {
-    /// Where the HTTP API (OpenAI-compatible + node API + dashboard) listens. It has no
-    /// authentication: keep it on loopback.
+    /// Where the HTTP API (OpenAI-compatible + node API + dashboard) listens. Beyond
+    /// loopback it needs `keys`.
     pub listen: SocketAddr,
     /// Inference requests admitted at once, running or queued (more get 429).
     pub max_inflight: usize,
+    /// API keys (at least 16 characters each): when any is set, every request needs
+    /// `Authorization: Bearer <key>`. Required when `listen` is not loopback.
+    pub keys: Vec<String>,
 }
 
 impl Default for ApiSection {
@@ -141,6 +144,7 @@ impl Default for ApiSection {
         Self {
             listen: crate::api::DEFAULT_ADDR,
             max_inflight: 32,
+            keys: Vec::new(),
         }
     }
 }
@@ -428,6 +432,13 @@ impl NodeConfig {
         if self.api.max_inflight == 0 {
             return invalid("api.max_inflight", "must be at least 1");
         }
+        let exposure = crate::api::ApiConfig {
+            api_keys: self.api.keys.clone(),
+            ..Default::default()
+        };
+        if let Err(e) = crate::api::check_exposure(self.api.listen, &exposure) {
+            return invalid("api.keys", &e.to_string());
+        }
         if self.models.context < 16 {
             return invalid("models.context", "must be at least 16 tokens");
         }
@@ -651,6 +662,8 @@ mod tests {
                 "models.embedding_backend",
             ),
             ("[api]\nmax_inflight = 0", "api.max_inflight"),
+            ("[api]\nlisten = \"0.0.0.0:7431\"", "api.keys"),
+            ("[api]\nkeys = [\"short\"]", "api.keys"),
             ("[memory]\nthreshold = 11", "memory.threshold"),
             ("[memory]\nmin_similarity = 2", "memory.min_similarity"),
             ("[memory]\nexamples = 100", "memory.examples"),

@@ -189,6 +189,7 @@ impl Node {
         let api_config = ApiConfig {
             max_inflight: config.api.max_inflight,
             loopback_hosts_only: config.api.listen.ip().is_loopback(),
+            api_keys: config.api.keys.clone(),
             ..ApiConfig::default()
         };
         let app = match &opts.models {

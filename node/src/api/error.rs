@@ -136,6 +136,17 @@ impl ApiError {
         .with_code("forbidden_host")
     }
 
+    /// 401: the request carries no valid API key.
+    pub fn unauthorized(present: bool) -> Self {
+        let message = if present {
+            "the API key is not valid for this node"
+        } else {
+            "this node's API needs a key: send `Authorization: Bearer <key>`"
+        };
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+            .with_code("invalid_api_key")
+    }
+
     /// 429: too many inference requests are running or queued.
     pub fn busy(limit: usize) -> Self {
         Self::new(

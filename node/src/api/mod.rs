@@ -15,9 +15,10 @@
 //!
 //! Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}` with a matching
 //! status. Inference runs on the models' own threads; a streamed generation stops when its
-//! client goes away. The API has no authentication: it binds to loopback by default and
-//! answers only requests addressed to a loopback host name (see
-//! [`ApiConfig::loopback_hosts_only`]).
+//! client goes away. It binds to loopback by default and then answers only requests
+//! addressed to a loopback host name (see [`ApiConfig::loopback_hosts_only`]). With API
+//! keys ([`ApiConfig::api_keys`]) every request needs `Authorization: Bearer <key>`; the
+//! API refuses to listen beyond loopback without one ([`check_exposure`]).
 
 mod chat;
 mod embeddings;
@@ -66,6 +67,24 @@ pub enum ServeError {
     /// Accepting or serving connections failed.
     #[error("HTTP server failed: {0}")]
     Io(#[from] std::io::Error),
+    /// Beyond loopback without an API key.
+    #[error(
+        "refusing to serve the API on {addr} without an API key: anyone who can reach it could \
+         read the swarm secret, sign memories and switch models; set one with --api-key, \
+         STARLING_API_KEY or `[api] keys`, or listen on loopback"
+    )]
+    NoKey {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// An API key too short to resist guessing.
+    #[error("an API key has {len} characters; use at least {min} (e.g. `openssl rand -hex 24`)")]
+    WeakKey {
+        /// Its length.
+        len: usize,
+        /// The least accepted.
+        min: usize,
+    },
 }
 
 /// The API's routes and middleware over `state`, with the OpenAI part of the OpenAPI
@@ -135,9 +154,7 @@ pub async fn serve_router_on(
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
     let addr = listener.local_addr()?;
-    if !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "the HTTP API has no authentication and listens beyond loopback");
-    }
+    check_exposure(addr, state.config())?;
     tracing::info!(%addr, "HTTP API listening");
     let on_stop = state.clone();
     axum::serve(listener, app)
@@ -157,8 +174,15 @@ async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> R
     Metrics::add(&counters.http_requests, 1);
     req.extensions_mut()
         .insert(extract::BodyLimit(state.config().max_body_bytes));
-    let response = match host_refused(&state, &req) {
-        Some(err) => err.into_response(),
+    let response = match host_refused(&state, &req).or_else(|| key_refused(&state, &req)) {
+        Some(err) => {
+            let mut r = err.into_response();
+            if r.status() == axum::http::StatusCode::UNAUTHORIZED {
+                r.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            r
+        }
         None => next.run(req).await,
     };
     let status = response.status();
@@ -186,6 +210,53 @@ fn host_refused(state: &AppState, req: &Request) -> Option<ApiError> {
         Some(h) => Some(ApiError::forbidden_host(&h)),
         None => Some(ApiError::forbidden_host("")),
     }
+}
+
+/// Refuses a request without a valid `Authorization: Bearer <key>` when keys are set.
+fn key_refused(state: &AppState, req: &Request) -> Option<ApiError> {
+    let keys = &state.config().api_keys;
+    if keys.is_empty() {
+        return None;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| {
+            let (scheme, token) = h.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    match given {
+        Some(token) if keys.iter().any(|k| same_secret(k, token)) => None,
+        Some(_) => Some(ApiError::unauthorized(true)),
+        None => Some(ApiError::unauthorized(false)),
+    }
+}
+
+/// Compares two secrets in time that does not depend on where they differ (`subtle`,
+/// which the TLS stack already brings).
+fn same_secret(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// Shortest API key accepted.
+pub const MIN_API_KEY_LEN: usize = 16;
+
+/// Whether the API may listen on `addr` with `config`: beyond loopback it needs at least
+/// one API key (anyone who reaches it could otherwise read the swarm secret, sign memories
+/// and switch models), and every key must be long enough to guess.
+pub fn check_exposure(addr: SocketAddr, config: &ApiConfig) -> Result<(), ServeError> {
+    if let Some(k) = config.api_keys.iter().find(|k| k.len() < MIN_API_KEY_LEN) {
+        return Err(ServeError::WeakKey {
+            len: k.len(),
+            min: MIN_API_KEY_LEN,
+        });
+    }
+    if !addr.ip().is_loopback() && config.api_keys.is_empty() {
+        return Err(ServeError::NoKey { addr });
+    }
+    Ok(())
 }
 
 /// Whether `authority` (`host[:port]`) names loopback: `localhost`, `*.localhost`, an
@@ -234,6 +305,86 @@ async fn wrong_method(req: Request) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const KEY: &str = "k3y-0123456789abcdef";
+
+    fn keyed() -> ApiConfig {
+        ApiConfig {
+            api_keys: vec![KEY.to_owned()],
+            ..ApiConfig::default()
+        }
+    }
+
+    #[test]
+    fn beyond_loopback_the_api_needs_a_long_enough_key() {
+        let off: SocketAddr = "0.0.0.0:7431".parse().expect("addr");
+        assert!(matches!(
+            check_exposure(off, &ApiConfig::default()),
+            Err(ServeError::NoKey { .. })
+        ));
+        assert!(check_exposure(off, &keyed()).is_ok());
+        assert!(check_exposure(DEFAULT_ADDR, &ApiConfig::default()).is_ok());
+        let weak = ApiConfig {
+            api_keys: vec!["short".into()],
+            ..ApiConfig::default()
+        };
+        assert!(matches!(
+            check_exposure(DEFAULT_ADDR, &weak),
+            Err(ServeError::WeakKey { len: 5, .. })
+        ));
+    }
+
+    /// Binding beyond loopback without a key fails before a request is served (binding
+    /// sends nothing; no request leaves loopback).
+    #[tokio::test]
+    async fn serving_beyond_loopback_without_a_key_is_refused() {
+        let listener = TcpListener::bind("0.0.0.0:0").await.expect("bind");
+        let state = AppState::new(ApiConfig {
+            loopback_hosts_only: false,
+            ..ApiConfig::default()
+        });
+        let r = serve_on(listener, state, CancellationToken::new()).await;
+        assert!(matches!(r, Err(ServeError::NoKey { .. })), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn with_a_key_every_route_needs_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let cancel = CancellationToken::new();
+        let server = tokio::spawn(serve_on(listener, AppState::new(keyed()), cancel.clone()));
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        for path in ["/health", "/v1/models", "/no/such/route"] {
+            let url = format!("http://{addr}{path}");
+            let none = client.get(&url).send().await.expect("send");
+            assert_eq!(none.status(), 401, "{path}");
+            assert_eq!(
+                none.headers().get("www-authenticate").map(|v| v.as_bytes()),
+                Some(&b"Bearer"[..])
+            );
+            let body: serde_json::Value = none.json().await.expect("json");
+            assert_eq!(body["error"]["code"], "invalid_api_key");
+            let wrong = client
+                .get(&url)
+                .bearer_auth("k3y-0123456789abcdeX")
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(wrong.status(), 401, "{path}");
+        }
+        let ok = client
+            .get(format!("http://{addr}/health"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(ok.status(), 200);
+        cancel.cancel();
+        server.await.expect("join").expect("serve");
+    }
 
     #[test]
     fn loopback_authorities() {

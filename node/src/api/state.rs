@@ -29,6 +29,10 @@ pub struct ApiConfig {
     /// `[::1]`). This stops web pages from reaching the API through DNS rebinding; turn it
     /// off only when the API is deliberately served on another interface.
     pub loopback_hosts_only: bool,
+    /// API keys: when any is set, every request needs `Authorization: Bearer <key>` with one
+    /// of them. The API refuses to listen beyond loopback without one (see
+    /// [`super::check_exposure`]).
+    pub api_keys: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -39,6 +43,7 @@ impl Default for ApiConfig {
             max_embedding_inputs: 2048,
             default_max_tokens: None,
             loopback_hosts_only: true,
+            api_keys: Vec::new(),
         }
     }
 }

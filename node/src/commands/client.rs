@@ -15,6 +15,14 @@ pub struct NodeAddr {
     /// The node's HTTP API address (as printed by `starling up`).
     #[arg(long, env = "STARLING_API", default_value_t = crate::api::DEFAULT_ADDR)]
     pub api: SocketAddr,
+    /// The node's API key, when it has one (`starling up --api-key`).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "STARLING_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
 }
 
 impl NodeAddr {
@@ -22,9 +30,18 @@ impl NodeAddr {
         format!("http://{}{}", self.api, path)
     }
 
-    fn client(&self) -> anyhow::Result<reqwest::Client> {
+    /// An HTTP client for the node: no proxy, and the API key on every request.
+    pub fn client(&self) -> anyhow::Result<reqwest::Client> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(k) = &self.api_key {
+            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {k}"))
+                .context("the API key holds characters a header cannot carry")?;
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
         reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(3))
+            .default_headers(headers)
             .no_proxy()
             .build()
             .context("cannot build an HTTP client")

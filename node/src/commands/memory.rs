@@ -162,9 +162,9 @@ async fn run_async(command: MemoryCommand) -> anyhow::Result<()> {
                 (None, None) => anyhow::bail!("give --author or --id"),
             };
             let url = format!("http://{}/api/memories?{query}", a.node.api);
-            let resp = reqwest::Client::builder()
-                .no_proxy()
-                .build()?
+            let resp = a
+                .node
+                .client()?
                 .delete(&url)
                 .send()
                 .await

@@ -17,7 +17,7 @@ use crate::cli::ModelArgs;
 /// Arguments of `starling serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on. Keep it on loopback: the API has no authentication.
+    /// Address to listen on. Beyond loopback it needs `--api-key`.
     #[arg(long, default_value_t = api::DEFAULT_ADDR)]
     pub api: SocketAddr,
     /// Which chat model to load.
@@ -32,6 +32,15 @@ pub struct ServeArgs {
     /// Inference requests admitted at once, running or queued (more get 429).
     #[arg(long, default_value_t = 32)]
     pub max_inflight: usize,
+    /// An API key every request must send as `Authorization: Bearer <key>` (at least 16
+    /// characters). Required when `--api` is not loopback.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "STARLING_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
 }
 
 /// Loads the models and serves the API until Ctrl-C or SIGTERM.
@@ -39,8 +48,11 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
     let config = ApiConfig {
         max_inflight: args.max_inflight.max(1),
         loopback_hosts_only: args.api.ip().is_loopback(),
+        api_keys: args.api_key.iter().cloned().collect(),
         ..ApiConfig::default()
     };
+    // Before the models load: a refusal should not wait for them.
+    api::check_exposure(args.api, &config)?;
     let embedding = (!args.no_embeddings).then_some(args.embedding_model.as_str());
     let state = build_state(home, &args.model, embedding, config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -199,10 +199,7 @@ pub fn print_event(ev: &AgentEvent) {
 pub fn run(args: TaskArgs, chat: bool) -> anyhow::Result<()> {
     super::block_on(async move {
         // Subscribe first so no event is missed.
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .context("cannot build an HTTP client")?;
+        let client = args.node.client()?;
         let mut events = client
             .get(format!("http://{}/api/events", args.node.api))
             .send()
@@ -265,7 +262,7 @@ pub fn reply(args: ReplyArgs) -> anyhow::Result<()> {
     super::block_on(async move {
         match (args.id, args.answer) {
             (Some(id), Some(answer)) => {
-                let client = reqwest::Client::builder().no_proxy().build()?;
+                let client = args.node.client()?;
                 let r = client
                     .post(format!("http://{}/api/human/{id}", args.node.api))
                     .json(&crate::api::node::HumanAnswer { answer })

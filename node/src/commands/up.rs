@@ -32,9 +32,19 @@ pub struct UpArgs {
     /// A peer to dial at start, `HOST:PORT` or `NODEID@HOST:PORT` (repeatable).
     #[arg(long = "bootstrap", value_name = "ADDR")]
     pub bootstrap: Vec<String>,
-    /// Where the local HTTP API listens (default 127.0.0.1:7431).
+    /// Where the local HTTP API listens (default 127.0.0.1:7431). Beyond loopback it
+    /// needs an API key.
     #[arg(long)]
     pub api: Option<SocketAddr>,
+    /// An API key every request must send as `Authorization: Bearer <key>` (at least 16
+    /// characters); added to `api.keys`.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "STARLING_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
     /// Join a swarm with a code printed by `starling invite` on one of its nodes.
     #[arg(long, value_name = "CODE")]
     pub join: Option<String>,
@@ -82,6 +92,9 @@ impl UpArgs {
         c.network.bootstrap.extend(self.bootstrap.iter().cloned());
         if let Some(a) = self.api {
             c.api.listen = a;
+        }
+        if let Some(k) = &self.api_key {
+            c.api.keys.push(k.clone());
         }
         if let Some(s) = &self.swarm_secret {
             c.network.swarm_secret = Some(s.clone());
