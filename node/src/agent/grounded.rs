@@ -1276,10 +1276,19 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             .filter(|m| {
                 let after = &text[m.end()..];
                 let before = &text[..m.start()];
-                // `one per 40 skaters` is a rate, not a count of skaters.
+                // `one per 40 skaters` and `2 in every 100 donors` are rates, not counts.
                 let rate = ["per", "every", "each"]
                     .iter()
-                    .any(|w| before.trim_end().to_lowercase().ends_with(&format!(" {w}")));
+                    .any(|w| before.trim_end().to_lowercase().ends_with(&format!(" {w}")))
+                    || {
+                        // After the number itself (the match may hold the next word).
+                        let digits = m.as_str().split_whitespace().next().unwrap_or("");
+                        let rest = text[m.start() + digits.len()..].trim_start().to_lowercase();
+                        rest.starts_with("in every")
+                            || rest
+                                .strip_prefix("in ")
+                                .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+                    };
                 !rate
                     && !after.starts_with([':', '.', '–', '-'])
                     && !before.ends_with([':', '.', '–', '-'])
