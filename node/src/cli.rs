@@ -140,6 +140,20 @@ pub enum ModelsCommand {
     List(commands::models::ListArgs),
 }
 
+/// The API key of a command that serves the HTTP API (`up`, `serve`).
+#[derive(Debug, Clone, Args)]
+pub struct ServeKeyArgs {
+    /// An API key every request must send as `Authorization: Bearer <key>` (at least 16
+    /// characters). Required when the API listens beyond loopback.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "STARLING_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+}
+
 /// Model selection shared by commands that load a chat model.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {

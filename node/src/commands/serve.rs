@@ -32,15 +32,9 @@ pub struct ServeArgs {
     /// Inference requests admitted at once, running or queued (more get 429).
     #[arg(long, default_value_t = 32)]
     pub max_inflight: usize,
-    /// An API key every request must send as `Authorization: Bearer <key>` (at least 16
-    /// characters). Required when `--api` is not loopback.
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "STARLING_API_KEY",
-        hide_env_values = true
-    )]
-    pub api_key: Option<String>,
+    /// The API key (added to `api.keys`).
+    #[command(flatten)]
+    pub key: crate::cli::ServeKeyArgs,
 }
 
 /// Loads the models and serves the API until Ctrl-C or SIGTERM.
@@ -48,7 +42,7 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
     let config = ApiConfig {
         max_inflight: args.max_inflight.max(1),
         loopback_hosts_only: args.api.ip().is_loopback(),
-        api_keys: args.api_key.iter().cloned().collect(),
+        api_keys: args.key.api_key.iter().cloned().collect(),
         ..ApiConfig::default()
     };
     // Before the models load: a refusal should not wait for them.

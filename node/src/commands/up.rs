@@ -36,15 +36,9 @@ pub struct UpArgs {
     /// needs an API key.
     #[arg(long)]
     pub api: Option<SocketAddr>,
-    /// An API key every request must send as `Authorization: Bearer <key>` (at least 16
-    /// characters); added to `api.keys`.
-    #[arg(
-        long,
-        value_name = "KEY",
-        env = "STARLING_API_KEY",
-        hide_env_values = true
-    )]
-    pub api_key: Option<String>,
+    /// The API key (added to `api.keys`).
+    #[command(flatten)]
+    pub key: crate::cli::ServeKeyArgs,
     /// Join a swarm with a code printed by `starling invite` on one of its nodes.
     #[arg(long, value_name = "CODE")]
     pub join: Option<String>,
@@ -93,7 +87,7 @@ impl UpArgs {
         if let Some(a) = self.api {
             c.api.listen = a;
         }
-        if let Some(k) = &self.api_key {
+        if let Some(k) = &self.key.api_key {
             c.api.keys.push(k.clone());
         }
         if let Some(s) = &self.swarm_secret {
