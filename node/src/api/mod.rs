@@ -41,6 +41,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 pub use chat::MEMORIES_HEADER;
@@ -112,6 +113,8 @@ pub fn router_with(state: AppState, extra: Router) -> Router {
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
+        // A promised body that never comes ends the request instead of holding it.
+        .layer(RequestBodyTimeoutLayer::new(state.config().body_timeout))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
@@ -146,24 +149,76 @@ pub async fn serve_on(
 }
 
 /// Serves `app` (built with [`router_with`] over `state`) on `listener` until `cancel`
-/// fires; see [`serve_on`].
+/// fires; see [`serve_on`]. Each connection has the config's header-read timeout (which
+/// also closes idle keep-alive connections) and at most `max_connections` are served at
+/// once: a slow or idle client cannot hold the server's sockets.
 pub async fn serve_router_on(
     listener: TcpListener,
     state: AppState,
     app: Router,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
     let addr = listener.local_addr()?;
     check_exposure(addr, state.config())?;
     tracing::info!(%addr, "HTTP API listening");
-    let on_stop = state.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            cancel.cancelled().await;
-            tracing::info!("HTTP API shutting down");
-            on_stop.begin_shutdown();
-        })
-        .await?;
+    let config = state.config().clone();
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(config.header_timeout);
+    let graceful = GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: back off a little rather than spin.
+                    tracing::warn!(error = %e, "HTTP API cannot accept a connection");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break,
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => continue,
+                    }
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!("HTTP API at its connection cap; closing a new connection");
+            drop(stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        connections.spawn(async move {
+            let _slot = slot;
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "HTTP connection ended with an error");
+            }
+        });
+        // Reap the finished ones as we go.
+        while connections.try_join_next().is_some() {}
+    }
+    tracing::info!("HTTP API shutting down");
+    state.begin_shutdown();
+    drop(listener);
+    // Every connection finishes its current response, then closes.
+    graceful.shutdown().await;
+    while connections.join_next().await.is_some() {}
     Ok(())
 }
 
@@ -345,6 +400,129 @@ mod tests {
         });
         let r = serve_on(listener, state, CancellationToken::new()).await;
         assert!(matches!(r, Err(ServeError::NoKey { .. })), "{r:?}");
+    }
+
+    /// Serves `config` on a loopback port; returns the address and the server's stop.
+    async fn serve_with(
+        config: ApiConfig,
+    ) -> (
+        SocketAddr,
+        CancellationToken,
+        tokio::task::JoinHandle<Result<(), ServeError>>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let cancel = CancellationToken::new();
+        let server = tokio::spawn(serve_on(listener, AppState::new(config), cancel.clone()));
+        (addr, cancel, server)
+    }
+
+    /// Reads until the server closes the connection (or `limit` passes); returns what
+    /// was read and whether it closed.
+    async fn read_until_closed(
+        s: &mut tokio::net::TcpStream,
+        limit: std::time::Duration,
+    ) -> (String, bool) {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let read_all = async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return true,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        };
+        let closed = tokio::time::timeout(limit, read_all).await.unwrap_or(false);
+        (String::from_utf8_lossy(&got).into_owned(), closed)
+    }
+
+    fn quick() -> ApiConfig {
+        ApiConfig {
+            header_timeout: std::time::Duration::from_millis(300),
+            body_timeout: std::time::Duration::from_millis(300),
+            ..ApiConfig::default()
+        }
+    }
+
+    /// Slowloris: headers that never end, and an idle keep-alive connection, are closed
+    /// after the header timeout (bounded here at 10x it).
+    #[tokio::test]
+    async fn slow_headers_and_idle_connections_are_closed() {
+        use tokio::io::AsyncWriteExt;
+        let (addr, cancel, server) = serve_with(quick()).await;
+        let limit = std::time::Duration::from_secs(3);
+        let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+            .await
+            .expect("write");
+        let (_, closed) = read_until_closed(&mut slow, limit).await;
+        assert!(closed, "a request whose headers never end stays open");
+
+        let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .expect("write");
+        let (answer, closed) = read_until_closed(&mut idle, limit).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(closed, "an idle keep-alive connection stays open");
+        cancel.cancel();
+        server.await.expect("join").expect("serve");
+    }
+
+    /// A promised body that never comes ends the request.
+    #[tokio::test]
+    async fn a_body_that_never_comes_ends_the_request() {
+        use tokio::io::AsyncWriteExt;
+        let (addr, cancel, server) = serve_with(quick()).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"input\":",
+        )
+        .await
+        .expect("write");
+        let (answer, _) = read_until_closed(&mut s, std::time::Duration::from_secs(3)).await;
+        let status: u16 = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        assert!((400..500).contains(&status), "{answer}");
+        cancel.cancel();
+        server.await.expect("join").expect("serve");
+    }
+
+    /// Past the connection cap a new connection is closed at once; the held ones still
+    /// work.
+    #[tokio::test]
+    async fn connections_past_the_cap_are_closed() {
+        use tokio::io::AsyncWriteExt;
+        let (addr, cancel, server) = serve_with(ApiConfig {
+            max_connections: 2,
+            ..ApiConfig::default()
+        })
+        .await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        // The server takes the held ones before the next one (accepts are in order).
+        let mut extra = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _ = extra
+            .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await;
+        let (answer, closed) =
+            read_until_closed(&mut extra, std::time::Duration::from_secs(3)).await;
+        assert!(closed && answer.is_empty(), "{answer}");
+        held[0]
+            .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let (answer, _) = read_until_closed(&mut held[0], std::time::Duration::from_secs(3)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        cancel.cancel();
+        server.await.expect("join").expect("serve");
     }
 
     #[tokio::test]

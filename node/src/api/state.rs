@@ -33,6 +33,13 @@ pub struct ApiConfig {
     /// of them. The API refuses to listen beyond loopback without one (see
     /// [`super::check_exposure`]).
     pub api_keys: Vec<String>,
+    /// How long a client may take to send a request's headers; an idle keep-alive
+    /// connection waiting for its next request is closed after this too.
+    pub header_timeout: std::time::Duration,
+    /// How long a request body may take to arrive.
+    pub body_timeout: std::time::Duration,
+    /// Most connections served at once; more are closed as they are accepted.
+    pub max_connections: usize,
 }
 
 impl Default for ApiConfig {
@@ -44,6 +51,9 @@ impl Default for ApiConfig {
             default_max_tokens: None,
             loopback_hosts_only: true,
             api_keys: Vec::new(),
+            header_timeout: std::time::Duration::from_secs(30),
+            body_timeout: std::time::Duration::from_secs(60),
+            max_connections: 1024,
         }
     }
 }
