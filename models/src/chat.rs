@@ -53,6 +53,11 @@ impl ChatMessage {
     }
 }
 
+/// Most template instructions one render may run (minijinja's fuel). Real chat templates
+/// spend tens of instructions per message; this leaves room for thousands of messages and
+/// stops a crafted loop after well under a second.
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
+
 /// Errors from rendering or encoding a chat.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
@@ -183,18 +188,35 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        // A template is untrusted input (it comes with the model file): its work is
+        // bounded, so a crafted one (nested `range(99999)`) is an error, not an abort.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned("chat", src)?;
         let text_of = |id: Option<u32>| {
             id.map(|id| String::from_utf8_lossy(tokenizer.token_bytes(id)).into_owned())
                 .unwrap_or_default()
         };
-        Ok(Self {
+        let template = Self {
             bos_token: text_of(tokenizer.bos_id()),
             eos_token: text_of(tokenizer.eos_id()),
             env,
             tokenizer,
             source,
-        })
+        };
+        // A probe conversation at load time: a template that cannot render a short chat
+        // within its fuel fails here, with the model, not at the first request. (Other
+        // errors, such as a template refusing a role order, are left to real requests.)
+        let probe = [
+            ChatMessage::user("hello"),
+            ChatMessage::new("assistant", "hi"),
+            ChatMessage::user("and now?"),
+        ];
+        if let Err(ChatError::Template(e)) = template.render_raw(&probe, true) {
+            if e.kind() == ErrorKind::OutOfFuel {
+                return Err(ChatError::Template(e));
+            }
+        }
+        Ok(template)
     }
 
     /// Where the template came from.
@@ -365,6 +387,23 @@ mod tests {
 
     fn chatml() -> ChatTemplate {
         ChatTemplate::from_tokenizer(Arc::new(tiny_gpt2("smollm"))).unwrap()
+    }
+
+    #[test]
+    fn a_template_that_never_ends_is_an_error_at_load() {
+        let tok = Arc::new(tiny_gpt2("smollm"));
+        let evil =
+            "{% for i in range(99999) %}{% for j in range(99999) %}{{ i }}{% endfor %}{% endfor %}";
+        let Err(err) = ChatTemplate::with_template(tok.clone(), evil) else {
+            panic!("a template that never ends was accepted");
+        };
+        assert!(err.to_string().contains("fuel"), "{err}");
+        // A real template over a long conversation stays well within the fuel.
+        let t = chatml();
+        let long: Vec<ChatMessage> = (0..2000)
+            .map(|i| ChatMessage::user(format!("message {i}")))
+            .collect();
+        assert!(t.render(&long, true).is_ok());
     }
 
     #[test]
