@@ -158,7 +158,15 @@ async fn run_demo(models: &SharedModels, guard: bool, collaboration: Collaborati
     }
 }
 
-fn check_protocol(run: &Run, members: usize) {
+fn check_protocol(run: &Run, members: usize, label: &str) {
+    println!(
+        "{label}: {:.1} s, {} tokens, {} messages, members received {:?}\n{}",
+        run.seconds,
+        run.tokens,
+        run.messages.len(),
+        run.member_messages,
+        run.answer
+    );
     let m = &run.messages;
     assert!(!m.is_empty(), "no messages");
     for (i, msg) in m.iter().enumerate() {
@@ -187,21 +195,19 @@ fn check_protocol(run: &Run, members: usize) {
         turns.windows(2).all(|w| w[0] <= w[1]),
         "turns go back: {turns:?}"
     );
+    assert!(
+        run.member_messages.iter().all(|&n| n == run.messages.len()),
+        "members did not receive every message: {:?} of {}",
+        run.member_messages,
+        run.messages.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_answer_holds_facts_from_both_other_nodes_with_citations() {
     let models = shared_models();
     let run = run_demo(&models, true, Collaboration::Grounded).await;
-    println!(
-        "demo: {:.1} s, {} tokens, {} messages, members received {:?}\n{}",
-        run.seconds,
-        run.tokens,
-        run.messages.len(),
-        run.member_messages,
-        run.answer
-    );
-    check_protocol(&run, 3);
+    check_protocol(&run, 3, "demo");
     // The facts are in the answer itself (not in appended transcript text), each cited to
     // the node whose document holds it.
     let a = run.answer.to_lowercase();
@@ -229,12 +235,6 @@ async fn demo_answer_holds_facts_from_both_other_nodes_with_citations() {
             run.citations
         );
     }
-    assert!(
-        run.member_messages.iter().all(|&n| n == run.messages.len()),
-        "members did not receive every message: {:?} of {}",
-        run.member_messages,
-        run.messages.len()
-    );
 }
 
 /// The model-driven flow (`[agent] collaboration = "chat"`): the model forms the team,
@@ -246,22 +246,8 @@ async fn demo_answer_holds_facts_from_both_other_nodes_with_citations() {
 async fn chat_collaboration_follows_the_protocol() {
     let models = shared_models();
     let run = run_demo(&models, true, Collaboration::Chat).await;
-    println!(
-        "chat demo: {:.1} s, {} tokens, {} messages, members received {:?}\n{}",
-        run.seconds,
-        run.tokens,
-        run.messages.len(),
-        run.member_messages,
-        run.answer
-    );
-    check_protocol(&run, 3);
+    check_protocol(&run, 3, "chat demo");
     assert!(run.tokens > 0, "the model wrote nothing");
-    assert!(
-        run.member_messages.iter().all(|&n| n == run.messages.len()),
-        "members did not receive every message: {:?} of {}",
-        run.member_messages,
-        run.messages.len()
-    );
     // STARLING_DEMO_COMPARE=N: N runs with the guard on (this one first) and N with it off,
     // alternating, then the means (one run is noisy: sampling and timing vary).
     let rounds: usize = std::env::var("STARLING_DEMO_COMPARE")

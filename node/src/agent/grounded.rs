@@ -1081,15 +1081,17 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
 pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
     // Values that a unit of these documents says were revised (`moved from 10 March to 17
     // March`, `15:00 (was 14:30)`): found elsewhere, they are near misses.
-    let superseded_values: Vec<Vec<String>> = units
+    let revised: Vec<Vec<(String, String)>> = units.iter().map(|u| revisions(&u.text)).collect();
+    let superseded_values: Vec<Vec<String>> = revised
         .iter()
-        .flat_map(|u| revisions(&u.text))
-        .map(|(old, _)| terms_of(&old))
+        .flatten()
+        .map(|(old, _)| terms_of(old))
         .filter(|t| !t.is_empty())
         .collect();
     let mut out: Vec<Located> = units
         .iter()
-        .filter_map(|u| {
+        .enumerate()
+        .filter_map(|(i, u)| {
             let mut score = score_unit(sub, u)?;
             if score <= 0.0 {
                 return None;
@@ -1098,7 +1100,7 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
             let span = if pending { None } else { extract(sub, u) };
             if let Some(v) = &span {
                 let vt = terms_of(v);
-                let revised_here = revisions(&u.text)
+                let revised_here = revised[i]
                     .iter()
                     .any(|(_, new)| terms_of(new).iter().any(|t| vt.contains(t)));
                 let is_old =
