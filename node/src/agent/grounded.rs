@@ -3279,6 +3279,17 @@ mod tests {
             panic!("no bridge to follow");
         };
         assert_eq!(routed.len(), 1);
+
+        // A question asking for no difference or conversion gets no relaxed probe.
+        let mut q = Planner::new("Who runs the Lark Hall dinner?");
+        let PlanStep::Probe(_) = q.next_step() else {
+            panic!("the first step probes the sub-questions");
+        };
+        q.handle(vec![]);
+        assert!(
+            matches!(q.next_step(), PlanStep::Done(_)),
+            "no calculation, no hits: nothing more to probe"
+        );
     }
 
     #[test]
