@@ -63,18 +63,22 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
             PlanStep::Probe(asked) => {
                 let hits = probe(&nodes, &asked);
                 planner.handle(hits);
-                // GROUNDED_DEBUG=<scenario id>: the sub-questions and what each node located.
-                if std::env::var("GROUNDED_DEBUG").is_ok_and(|id| id == s.id) {
+                // GROUNDED_DEBUG=<scenario id> (or `all`): the sub-questions and what each node located.
+                if std::env::var("GROUNDED_DEBUG").is_ok_and(|id| id == s.id || id == "all") {
                     for (sub, h) in planner.subs().iter().zip(planner.hits()) {
                         eprintln!(
-                            "sub {:?} slot {:?} {:?}",
-                            sub.text, sub.slot, sub.slot_terms
+                            "{} sub {:?} slot {:?} {:?}",
+                            s.id, sub.text, sub.slot, sub.slot_terms
                         );
                         eprintln!("   terms {:?}", sub.terms);
                         for x in h {
                             eprintln!(
-                                "   {} {:.2} {:?} | {}",
-                                x.node_id, x.located.score, x.located.span, x.located.unit.text
+                                "   {} {} {:.2} {:?} | {}",
+                                s.id,
+                                x.node_id,
+                                x.located.score,
+                                x.located.span,
+                                x.located.unit.text
                             );
                         }
                     }

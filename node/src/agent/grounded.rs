@@ -976,6 +976,40 @@ fn is_pending(text: &str) -> bool {
     .is_match(text)
 }
 
+/// Whether `text` states a change to what was planned or listed (`the last climb moves to
+/// 18:40`, `7204 works Diagram A instead`, `changed from 6c to 6b+`, `now the cover`): of
+/// two units that answer alike, the one that updates the other is current.
+fn is_update(text: &str) -> bool {
+    update_re().is_match(text) || !revisions(text).is_empty()
+}
+
+/// The words that mark an update (see [`is_update`]).
+fn update_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)\b(?:now|instead|in place of|moves? to|moved to|changed to|changes to|takes over|took over|replaced by|replaces|updated?|revised|amended|corrected|from now on|with effect from)\b",
+    )
+}
+
+/// The value an update gives: the first of the slot's kind after its marker (`first
+/// booked for 10 March was moved to 17 March` gives `17 March`).
+fn updated_value(sub: &SubQuestion, text: &str) -> Option<String> {
+    let at = update_re().find(text)?.end();
+    // `brought forward from 06:30`: the value it came from is not the new one.
+    let old: Vec<Vec<String>> = revisions(text)
+        .into_iter()
+        .map(|(o, _)| terms_of(&o))
+        .collect();
+    typed_spans(sub.slot, &text[at..]).into_iter().find(|v| {
+        let vt = terms_of(v);
+        !unfit(sub, v)
+            && !old
+                .iter()
+                .any(|o| !vt.is_empty() && vt.iter().all(|t| o.contains(t)))
+    })
+}
+
 /// Whether `text` marks what it states as past: `last year`, `last season`, `previously`,
 /// `formerly`, `used to`, `no longer`.
 fn superseded(text: &str) -> bool {
@@ -1075,9 +1109,13 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     Some(score)
 }
 
+/// How much more an update that states a value weighs than other evidence.
+const UPDATE_BOOST: f32 = 1.2;
+
 /// The best units of `units` for `sub`, best first (at most `k`); equally good units are
 /// ordered by position, the later first when the sub-question asks for the latest or the
 /// document is a log.
+
 pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
     // Values that a unit of these documents says were revised (`moved from 10 March to 17
     // March`, `15:00 (was 14:30)`): found elsewhere, they are near misses.
@@ -1097,7 +1135,13 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
                 return None;
             }
             let pending = is_pending(&u.text);
-            let span = if pending { None } else { extract(sub, u) };
+            let mut span = if pending { None } else { extract(sub, u) };
+            // An update states the old value and the new one: the new one answers.
+            if span.is_some() {
+                if let Some(v) = updated_value(sub, &u.text) {
+                    span = Some(v);
+                }
+            }
             if let Some(v) = &span {
                 let vt = terms_of(v);
                 let revised_here = revised[i]
@@ -1108,6 +1152,10 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
                 if !revised_here && superseded_values.iter().any(is_old) {
                     score *= 0.5;
                 }
+            }
+            // An update that states a value outranks the listing it updates.
+            if span.is_some() && (is_update(&u.text) || is_update(&u.heading)) {
+                score *= UPDATE_BOOST;
             }
             Some(Located {
                 span,
@@ -3312,6 +3360,38 @@ mod tests {
         assert_eq!(
             revisions("Lock time: 15:00 (was 14:30 on the spring cycle)"),
             vec![("14:30 on the spring cycle".to_string(), String::new())]
+        );
+    }
+
+    #[test]
+    fn an_update_outranks_the_listing_it_updates() {
+        // The row and the note match alike; the note changes the row.
+        let units = document_units(
+            "kilns.md",
+            "| Kiln | Next firing | Load |\n|---|---|---|\n| Big kiln | 4 May | glaze |\n\n\
+             Note: the big kiln's next firing is now on 9 May.\n",
+        );
+        let when = &decompose("When is the next firing of the big kiln?")[0];
+        let found = locate(when, &units, 2);
+        assert_eq!(found[0].span.as_deref(), Some("9 May"), "{found:?}");
+        assert!(is_update("Jun Takeda takes over the alto solo"));
+        assert!(is_update("7204 works Diagram A instead on both days"));
+        assert!(!is_update("Big kiln | 4 May | glaze"));
+        // The new value, not the one it came from.
+        assert_eq!(
+            updated_value(
+                when,
+                "the rye first booked for 10 March was moved to 17 March"
+            )
+            .as_deref(),
+            Some("17 March")
+        );
+        assert_eq!(
+            updated_value(
+                when,
+                "Delivery: 5 May (revised: brought forward from 9 May)"
+            ),
+            None
         );
     }
 
