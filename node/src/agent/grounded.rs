@@ -634,11 +634,20 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         let skip = [
             "the", "a", "an", "his", "her", "their", "its", "our", "my", "your",
         ];
-        let content: Vec<&String> = ws[i + 1..]
+        let mut content: Vec<&String> = ws[i + 1..]
             .iter()
             .filter(|w| !AUX.contains(&w.as_str()) && !skip.contains(&w.as_str()))
             .take(2)
             .collect();
+        // `who's got the saw`, `who has the keys`: possession names no role.
+        let possession = ["got", "get", "gets", "has", "have", "had", "holds", "keeps"];
+        if slot == Slot::Person
+            && content
+                .first()
+                .is_some_and(|w| possession.contains(&w.as_str()))
+        {
+            content.clear();
+        }
         if slot == Slot::Thing {
             // `what did Tansy weigh`: the verb that names a quantity may come later.
             if let Some(v) = ws[i + 1..]
@@ -3019,6 +3028,11 @@ mod tests {
             "{subs:?}"
         );
         assert_eq!(subs[1].slot, Slot::Person);
+        // `teaching` names the role; `got` in `who's got the saw` names none.
+        assert_eq!(subs[1].slot_terms, terms_of("teaching class"));
+        let holder = &decompose("Who's got the big wet saw out?")[0];
+        assert_eq!(holder.slot, Slot::Person);
+        assert!(holder.slot_terms.is_empty(), "{holder:?}");
         let count = &decompose("How many books can a PhD student have out at once?")[0];
         assert_eq!(count.slot, Slot::Count);
         let rows = document_units(
