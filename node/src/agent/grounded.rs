@@ -506,6 +506,21 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         "dose",
         "voltage",
         "pressure",
+        // Money: what a charge, fare or rent is asked as (`what's the daytime fare`).
+        "charge",
+        "charges",
+        "fare",
+        "fares",
+        "fees",
+        "prices",
+        "costs",
+        "rates",
+        "rent",
+        "deposit",
+        "toll",
+        "tariff",
+        "wage",
+        "salary",
     ];
     let slot = match wh.as_str() {
         "who" | "whom" | "whose" => Slot::Person,
@@ -1431,9 +1446,24 @@ fn asked_dimension(sub: &SubQuestion) -> Option<&'static str> {
     if !matches!(sub.slot, Slot::Quantity) || asked_unit(&sub.text).is_some() {
         return None;
     }
+    // `fare` and `far` share a stem: the question's own word tells them apart.
+    let fare = words(&sub.text)
+        .iter()
+        .any(|w| w.eq_ignore_ascii_case("fare") || w.eq_ignore_ascii_case("fares"));
+    let named = |t: &str| -> String {
+        if fare && t == "far" {
+            "fare".to_owned()
+        } else {
+            t.to_owned()
+        }
+    };
     let mut kinds = KINDS
         .iter()
-        .filter(|(_, words)| sub.slot_terms.iter().any(|t| words.contains(&t.as_str())))
+        .filter(|(_, ws)| {
+            sub.slot_terms
+                .iter()
+                .any(|t| ws.contains(&named(t).as_str()))
+        })
         .map(|(d, _)| *d);
     // One kind, or none said for sure.
     match (kinds.next(), kinds.next()) {
@@ -3407,6 +3437,19 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn a_fare_is_money_not_a_distance() {
+        let rows = document_units(
+            "fares.md",
+            "| Journey | Day (06:00–23:00) | Night |\n|---|---|---|\n| Centre → Airport | £46 | £52 |\n",
+        );
+        let fare = &decompose("What's our set daytime fare out to the Airport?")[0];
+        assert_eq!(fare.slot, Slot::Quantity);
+        assert_eq!(extract(fare, &rows[0]).as_deref(), Some("£46"));
+        let far = &decompose("How far is the Airport from the centre?")[0];
+        assert!(unfit(far, "£46"), "{far:?}");
     }
 
     #[test]
