@@ -806,7 +806,21 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
             (i, n, o)
         })
         .collect();
-    let (lead_names, lead_other) = entity_terms(&format!("x {lead}"));
+    let (lead_names, mut lead_other) = entity_terms(&format!("x {lead}"));
+    // `Visitors keep asking me about the tropical house: …`: what the lead-in is about is
+    // the topic of every clause, named or not.
+    let lead_lower = lead.to_lowercase();
+    if let Some(topic) = ["about ", "regarding ", "concerning "]
+        .iter()
+        .filter_map(|m| lead_lower.rfind(m).map(|i| &lead_lower[i + m.len()..]))
+        .min_by_key(|t| t.len())
+    {
+        for t in terms_of(topic) {
+            if !lead_names.contains(&t) && !lead_other.contains(&t) {
+                lead_other.push(t);
+            }
+        }
+    }
     let latest_words = [
         "latest",
         "recent",
@@ -1075,7 +1089,11 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     for t in &sub.terms {
         let got = if text.contains(&t.term) || kind_word(&t.term) {
             t.weight
-        } else if t.term.len() >= 4 && text.iter().any(|x| term_matches(x, &t.term)) {
+        } else if t.term.len() >= 4
+            && text
+                .iter()
+                .any(|x| term_matches(x, &t.term) || compound_of(&t.term, x))
+        {
             // Another form of the word (`drives` / `driver`, `insured` / `insurance`),
             // which the light stemmer keeps apart.
             0.7 * t.weight
@@ -1494,6 +1512,12 @@ fn measured(text: &str) -> bool {
     })
 }
 
+/// Whether `part` is the last word of the compound `word` (`night` of `overnight`,
+/// `flower` of `sunflower`).
+fn compound_of(word: &str, part: &str) -> bool {
+    part.len() >= 5 && word.len() >= part.len() + 2 && word.ends_with(part)
+}
+
 fn term_matches(a: &str, b: &str) -> bool {
     a == b || (a.len() >= 4 && b.len() >= 4 && (a.starts_with(b) || b.starts_with(a)))
 }
@@ -1567,6 +1591,51 @@ fn cell_fits(slot: Slot, value: &str) -> bool {
 /// text (`gate B14`); else the first value of the slot's kind that does not merely repeat
 /// the question. `None` when the unit holds no such value.
 pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
+    // A dated note (`14 June: the giant lily's first flower`) is dated by its name.
+    if sub.slot == Slot::Date && unit.fields.len() == 1 {
+        let key = unit.fields[0].0.trim();
+        if date_re().find(key).is_some_and(|m| m.as_str() == key) && !restates(sub, &unit.text) {
+            return Some(key.to_owned());
+        }
+    }
+    let span = first_value(sub, unit)?;
+    Some(range_end(sub, &unit.text, &span).unwrap_or(span))
+}
+
+/// Whether the clause asks when something ends (`what time do the glasshouses shut`).
+fn asks_end(sub: &SubQuestion) -> bool {
+    let clause = sub
+        .text
+        .rsplit(": ")
+        .next()
+        .unwrap_or(&sub.text)
+        .to_lowercase();
+    words(&clause).iter().any(|w| {
+        [
+            "close", "closes", "closing", "shut", "shuts", "finish", "finishes", "end", "ends",
+            "until", "till",
+        ]
+        .contains(&w.as_str())
+    })
+}
+
+/// The end of the range that `span` starts in `text` (`10:00–16:30`), when the question
+/// asks when something ends.
+fn range_end(sub: &SubQuestion, text: &str, span: &str) -> Option<String> {
+    static R: OnceLock<Regex> = OnceLock::new();
+    let to = re(&R, r"(?i)^\s*(?:–|—|-|to|until|till)\s*");
+    if sub.slot != Slot::Time || !asks_end(sub) {
+        return None;
+    }
+    let at = text.find(span)? + span.len();
+    let rest = &text[at..];
+    let gap = to.find(rest)?;
+    let end = time_re().find(&rest[gap.end()..])?;
+    (end.start() == 0).then(|| end.as_str().trim().to_owned())
+}
+
+/// The first value of the slot's kind in `unit` (see [`extract`]).
+fn first_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     // A question, or a note that repeats the question (`asked how many books`), asks for
     // the fact; it does not state it.
     if unit.text.trim_end().ends_with('?') || restates(sub, &unit.text) {
@@ -1575,6 +1644,32 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     // 1. A named field whose name matches the slot's words.
     if let Some(v) = named_value(sub, unit).filter(|v| !unfit(sub, v)) {
         return Some(v);
+    }
+    // 1b. Of several fields with a value of the kind asked, the one the question's other
+    // words name (`Night: 21°C` for `how warm overnight`).
+    if matches!(
+        sub.slot,
+        Slot::Quantity | Slot::Count | Slot::Time | Slot::Date
+    ) {
+        let others: Vec<String> = sub
+            .terms
+            .iter()
+            .filter(|t| !t.context && !sub.slot_terms.contains(&t.term))
+            .map(|t| t.term.clone())
+            .collect();
+        let fitting = unit
+            .fields
+            .iter()
+            .filter(|(_, v)| !typed_spans(sub.slot, v).is_empty())
+            .count();
+        if fitting > 1 {
+            if let Some(v) = best_named_field(sub, unit, &others)
+                .and_then(|v| typed_spans(sub.slot, v).into_iter().next())
+                .filter(|v| !unfit(sub, v))
+            {
+                return Some(v);
+            }
+        }
     }
     // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`), or a
     // number right before it (`97.8 FM`).
@@ -1750,7 +1845,7 @@ fn best_named_field<'a>(sub: &SubQuestion, unit: &'a Unit, names: &[String]) -> 
         let kt = terms_of(k);
         let hits = names
             .iter()
-            .filter(|s| kt.iter().any(|t| term_matches(t, s)))
+            .filter(|s| kt.iter().any(|t| term_matches(t, s) || compound_of(s, t)))
             .count();
         if hits > 0
             && cell_fits(sub.slot, v)
@@ -3437,6 +3532,35 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn ends_of_ranges_dated_notes_and_fields_named_by_the_question() {
+        // `shut` asks for the end of an opening range.
+        let shut = &decompose("What time do the glasshouses shut in summer?")[0];
+        let hours = document_units("hours.md", "glasshouses (April–September): 10:00–16:30\n");
+        assert_eq!(extract(shut, &hours[0]).as_deref(), Some("16:30"));
+        let open = &decompose("What time do the glasshouses open in summer?")[0];
+        assert_eq!(extract(open, &hours[0]).as_deref(), Some("10:00"));
+        // A dated note is dated by its name, not by a past date it mentions.
+        let when = &decompose("When did the water lily first flower?")[0];
+        let note = document_units(
+            "log.md",
+            "14 June: water lily, first flower of the season (last year 22 June)\n",
+        );
+        assert_eq!(extract(when, &note[0]).as_deref(), Some("14 June"));
+        // `overnight` names the `Night` column; the lead-in's topic is every clause's.
+        let sub =
+            &decompose("Visitors ask me about the tropical house: how warm is it overnight?")[0];
+        assert!(
+            sub.terms.iter().any(|t| t.term == "tropical" && t.context),
+            "{sub:?}"
+        );
+        let row = document_units(
+            "temps.md",
+            "| House | Day | Night |\n|---|---|---|\n| Tropical House | 26°C | 21°C |\n",
+        );
+        assert_eq!(extract(sub, &row[0]).as_deref(), Some("21°C"));
     }
 
     #[test]
