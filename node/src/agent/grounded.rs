@@ -1128,7 +1128,9 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let mut score = hit / total;
     // A value marked as past (`last year's heather gave 231 jars`) is a near miss, unless
     // the question asks about the past itself.
-    if superseded(&unit.text) && !superseded(&sub.text) {
+    // The heading or the document may say it (`# Harvest Fair takings — last year`).
+    let past = superseded(&unit.text) || superseded(&unit.heading) || superseded(&unit.document);
+    if past && !superseded(&sub.text) {
         score *= 0.6;
     }
     // A unit about another day or month than the one asked (`Monday chemistry` for a
@@ -2382,7 +2384,6 @@ pub enum Route {
     NotFound,
 }
 
-/// The best hit holding a value, if it is good enough.
 /// The best hit holding a value, unless evidence that the fact is not settled matches at
 /// least as well (then nobody can answer it).
 pub fn best_direct(hits: &[NodeHit]) -> Option<&NodeHit> {
@@ -2404,9 +2405,17 @@ pub fn best_direct(hits: &[NodeHit]) -> Option<&NodeHit> {
 /// Hits that may start a bridge: good matches without a value that name something the
 /// question does not (best first, at most `n`), with their follow-up questions.
 pub fn bridge_starts(sub: &SubQuestion, hits: &[NodeHit], n: usize) -> Vec<(NodeHit, SubQuestion)> {
+    // The best evidence says the fact is not settled (`Choreographer: TBC`): whatever a
+    // bridge from it finds (last year's choreographer) is not the answer.
+    let best = hits
+        .iter()
+        .max_by(|a, b| a.located.score.total_cmp(&b.located.score));
+    if best.is_some_and(|h| h.located.pending) {
+        return Vec::new();
+    }
     let mut v: Vec<&NodeHit> = hits
         .iter()
-        .filter(|h| h.located.span.is_none() && h.located.score >= MIN_SCORE)
+        .filter(|h| h.located.span.is_none() && !h.located.pending && h.located.score >= MIN_SCORE)
         .collect();
     v.sort_by(|a, b| b.located.score.total_cmp(&a.located.score));
     v.into_iter()
@@ -3426,6 +3435,20 @@ mod tests {
             best_direct(&hits).is_none(),
             "TBC outranks another row's name"
         );
+        // Nor does a bridge from the unsettled row answer (`Finale` → last year's finale).
+        assert!(bridge_starts(who, &hits, 2).is_empty());
+        // A table under a heading that says it is past is a near miss.
+        let old = document_units(
+            "takings.md",
+            "# Fair takings — last year\n\n| Activity | Price |\n|---|---|\n| Pony rides | £3 |\n",
+        );
+        let price = &decompose("How much are the pony rides at the fair?")[0];
+        let now = document_units(
+            "plan.md",
+            "| Activity | Price |\n|---|---|\n| Pony rides | £3 |\n",
+        );
+        let (past, current) = (score_unit(price, &old[0]), score_unit(price, &now[0]));
+        assert!(past.unwrap() < current.unwrap(), "{past:?} {current:?}");
         let cost = &decompose("How much will it cost to play the new room?")[0];
         let notes = document_units("r.md", "The new room: a 60 minutes game.");
         assert_eq!(extract(cost, &notes[0]), None, "a duration is no price");
