@@ -2140,6 +2140,25 @@ pub fn asks_difference(question: &str) -> bool {
     .any(|c| lower.contains(c))
 }
 
+/// What a `how many (more)` question counts: the last word of the noun phrase after it
+/// (`how many more white ranunculus stems do we …` → `stems`).
+fn counted_noun(question: &str) -> Option<String> {
+    let lower = question.to_lowercase();
+    let ws = words(&lower);
+    let at = ws.iter().position(|w| w == "many")?;
+    let stop = [
+        "still", "left", "in", "on", "at", "for", "of", "to", "than", "that",
+    ];
+    let np: Vec<&String> = ws[at + 1..]
+        .iter()
+        .skip_while(|w| matches!(w.as_str(), "more" | "fewer" | "extra" | "additional"))
+        .take_while(|w| !AUX.contains(&w.as_str()) && !stop.contains(&w.as_str()))
+        .collect();
+    np.last()
+        .filter(|w| w.chars().all(char::is_alphabetic))
+        .map(|w| w.to_string())
+}
+
 /// A calculation over two cited quantities: the expression with its inputs and result.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calculation {
@@ -2504,9 +2523,16 @@ pub fn plan_calc(
             if ha.located.unit.document == hb.located.unit.document && ha.node_id == hb.node_id {
                 continue;
             }
-            let Some(c) = calculate(op, a, b) else {
+            let Some(mut c) = calculate(op, a, b) else {
                 continue;
             };
+            // Two bare counts give a bare number: the question says what it counts.
+            if a.unit.is_empty() && b.unit.is_empty() {
+                if let Some(noun) = counted_noun(&sub.text) {
+                    c.result = format!("{} {noun}", c.result);
+                    c.shown = format!("{} {noun}", c.shown);
+                }
+            }
             let cover = chain_score(sub, &[&ha.located.unit, &hb.located.unit]);
             let both = ha.located.score + hb.located.score;
             if best
@@ -3584,6 +3610,16 @@ mod tests {
             "| House | Day | Night |\n|---|---|---|\n| Tropical House | 26°C | 21°C |\n",
         );
         assert_eq!(extract(sub, &row[0]).as_deref(), Some("21°C"));
+    }
+
+    #[test]
+    fn a_difference_of_bare_counts_says_what_it_counts() {
+        assert_eq!(
+            counted_noun("How many more white ranunculus stems do we still have to order?")
+                .as_deref(),
+            Some("stems")
+        );
+        assert_eq!(counted_noun("How many are left?"), None);
     }
 
     #[test]
