@@ -359,6 +359,7 @@ pub fn terms_of(text: &str) -> Vec<String> {
         let day = if &c[1] == "Sat" { "Saturday" } else { "Sunday" };
         format!("{day}{}", &c[2])
     });
+    let text = age_group_re().replace_all(&text, |c: &regex::Captures| format!("u{}", &c[1]));
     // A clock time is one term however it is written (`2 pm`, `14:00`, `noon`).
     let text = clock_re().replace_all(&text, |c: &regex::Captures| {
         let hour: u32 = c
@@ -1080,6 +1081,7 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let record: HashSet<String> = terms_of(&unit.record).into_iter().collect();
     let mut total = 0.0;
     let mut hit = 0.0;
+    let mut context_hit = 0.0;
     // `what time`, `which day`: a unit stating a value of that kind names it.
     let kind_word = |t: &str| match sub.slot {
         Slot::Time => t == "tim" && time_re().is_match(&unit.text),
@@ -1107,6 +1109,9 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
         } else {
             0.0
         };
+        if t.context {
+            context_hit += got;
+        }
         hit += got;
         // Context counts only where it is found.
         total += if t.context { got } else { t.weight };
@@ -1125,7 +1130,10 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     if total <= 0.0 {
         return None;
     }
-    let mut score = hit / total;
+    // Context costs nothing where it is missing, but of two units that match the clause
+    // alike, the one that also matches its context (`U12` of `our Under-12s game`) is
+    // the one meant.
+    let mut score = hit / total * (1.0 + (0.05 * context_hit).min(0.2));
     // A value marked as past (`last year's heather gave 231 jars`) is a near miss, unless
     // the question asks about the past itself.
     // The heading or the document may say it (`# Harvest Fair takings — last year`).
@@ -1294,6 +1302,13 @@ fn conversion_re() -> &'static Regex {
 fn weekend_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(&R, r"\b(Sat|Sun)(\.?,?\s+\d)")
+}
+
+/// An age group however it is written (`Under-12s`, `under 12`, `U12`, `U-12s`), for
+/// [`terms_of`].
+fn age_group_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(&R, r"(?i)\b(?:under[- ]?|u-?)(\d{1,2})s?\b")
 }
 
 fn number_re() -> &'static Regex {
@@ -3620,6 +3635,19 @@ mod tests {
             Some("stems")
         );
         assert_eq!(counted_noun("How many are left?"), None);
+    }
+
+    #[test]
+    fn an_age_group_is_one_term_and_matched_context_breaks_ties() {
+        assert_eq!(terms_of("Under-12s"), terms_of("U12"));
+        assert_eq!(terms_of("under 12"), terms_of("U-12s"));
+        let rows = document_units(
+            "fixtures.md",
+            "| Age group | Kick-off |\n|---|---|\n| U11 | 09:30 |\n| U12 | 10:30 |\n",
+        );
+        let sub = &decompose("For our Under-12s game: when does it kick off?")[0];
+        let found = locate(sub, &rows, 2);
+        assert_eq!(found[0].span.as_deref(), Some("10:30"), "{found:?}");
     }
 
     #[test]
