@@ -165,6 +165,10 @@ pub struct ModelsSection {
     pub context: usize,
     /// Inference threads (default: all cores).
     pub threads: Option<usize>,
+    /// Directories whose model files `PUT /api/models/active` may load (besides the
+    /// model cache and the directory of the configured chat model). Any other path is
+    /// refused without saying whether it exists.
+    pub dirs: Vec<PathBuf>,
 }
 
 impl Default for ModelsSection {
@@ -176,6 +180,7 @@ impl Default for ModelsSection {
             embedding_backend: "auto".into(),
             context: 4096,
             threads: None,
+            dirs: Vec::new(),
         }
     }
 }

@@ -390,6 +390,18 @@ fn node_api_answers(api: SocketAddr, other_model: &Path) {
             .await
             .expect("put");
         assert_eq!(r.status(), 400);
+        let missing: Value = r.json().await.expect("json");
+        // A file outside the model directories is refused the same way: the API does not
+        // say whether it exists, nor what it starts with.
+        let r = put(r#"{"model": "/etc/hostname"}"#.into())
+            .await
+            .expect("put");
+        assert_eq!(r.status(), 400);
+        let outside: Value = r.json().await.expect("json");
+        assert_eq!(
+            missing["error"]["message"], outside["error"]["message"],
+            "{missing} {outside}"
+        );
         let before: Value = get("/api/models/active")
             .await
             .expect("get")

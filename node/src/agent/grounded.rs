@@ -1167,7 +1167,6 @@ const UPDATE_BOOST: f32 = 1.2;
 /// The best units of `units` for `sub`, best first (at most `k`); equally good units are
 /// ordered by position, the later first when the sub-question asks for the latest or the
 /// document is a log.
-
 pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
     // Values that a unit of these documents says were revised (`moved from 10 March to 17
     // March`, `15:00 (was 14:30)`): found elsewhere, they are near misses.

@@ -4,6 +4,7 @@
 //! change without changing the wire.
 
 use std::convert::Infallible;
+use std::path::{Path, PathBuf};
 
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
@@ -14,6 +15,8 @@ use axum::{Json, Router};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use starling_discovery::{PeerInfo, PeerState};
+use starling_models::source::registry;
+use starling_models::source::ModelSource;
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery, Documented};
@@ -570,6 +573,49 @@ async fn active_model(State(s): State<NodeApi>) -> Result<Json<ActiveModel>, Api
     Ok(Json(active(&slot)))
 }
 
+/// The directories whose files a remote model switch may load: the model cache, the
+/// directory of the configured chat model when it is a file, and `[models] dirs`.
+fn model_dirs(home: &Path, config: &crate::config::NodeConfig) -> Vec<PathBuf> {
+    let mut dirs = vec![starling_models::source::ModelCache::new(home)
+        .models_dir()
+        .to_path_buf()];
+    if let Ok(ModelSource::Local(l)) = registry::parse_spec(&config.models.chat) {
+        if let Some(parent) = l.expanded().parent() {
+            dirs.push(parent.to_path_buf());
+        }
+    }
+    dirs.extend(config.models.dirs.iter().cloned());
+    dirs
+}
+
+/// Whether `spec` names a model the API may switch to: a registry name, a download source
+/// (`hf:…`, `pip:…`), or a file under one of `dirs` (symbolic links and `..` resolved).
+/// The refusal is the same whether a path exists or not, so the API reveals nothing
+/// about files elsewhere on the machine.
+pub fn permitted_model(spec: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let refused = || {
+        "not a known model name, a source (`hf:…`, `pip:…`) or a file under the node's \
+         model directories (the model cache and `[models] dirs`)"
+            .to_owned()
+    };
+    match registry::parse_spec(spec) {
+        Ok(ModelSource::Local(local)) => {
+            let file = std::fs::canonicalize(local.expanded()).map_err(|_| refused())?;
+            let inside = dirs
+                .iter()
+                .filter_map(|d| std::fs::canonicalize(d).ok())
+                .any(|d| file.starts_with(&d));
+            if inside {
+                Ok(())
+            } else {
+                Err(refused())
+            }
+        }
+        Ok(_) => Ok(()),
+        Err(_) => Err(refused()),
+    }
+}
+
 /// `PUT /api/models/active` body.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -600,6 +646,12 @@ async fn switch_model(
         .app
         .chat_slot()
         .ok_or_else(|| ApiError::model_not_loaded("chat"))?;
+    let dirs = model_dirs(&s.node.home, &s.node.config);
+    let spec_ = spec.clone();
+    tokio::task::spawn_blocking(move || permitted_model(&spec_, &dirs))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|reason| ApiError::invalid_param("model", reason))?;
     let mut args = crate::daemon::model_args(&s.node.config);
     args.model = spec.clone();
     let home = s.node.home.clone();
@@ -614,4 +666,37 @@ async fn switch_model(
     s.node.app.set_chat_model(Some(slot.clone()), aliases);
     tracing::info!(model = %spec, "active chat model switched");
     Ok(Json(active(&slot)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_sources_and_files_under_the_model_directories_are_permitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let models = dir.path().join("models");
+        std::fs::create_dir(&models).unwrap();
+        std::fs::write(models.join("mine.gguf"), b"GGUF").unwrap();
+        let elsewhere = dir.path().join("secret.txt");
+        std::fs::write(&elsewhere, b"root:x").unwrap();
+        let dirs = [models.clone()];
+        let spec = |p: &Path| p.display().to_string();
+        assert!(permitted_model(&spec(&models.join("mine.gguf")), &dirs).is_ok());
+        assert!(permitted_model("smollm2-135m-instruct", &dirs).is_ok());
+        assert!(permitted_model("hf:owner/repo/file.gguf", &dirs).is_ok());
+        // Outside, missing, through `..` or a link: one refusal, whatever the file.
+        let outside = permitted_model(&spec(&elsewhere), &dirs).unwrap_err();
+        let missing = permitted_model(&spec(&models.join("none.gguf")), &dirs).unwrap_err();
+        let dotdot = permitted_model(&spec(&models.join("../secret.txt")), &dirs).unwrap_err();
+        assert_eq!(outside, missing);
+        assert_eq!(outside, dotdot);
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&elsewhere, models.join("link.gguf")).unwrap();
+            let link = permitted_model(&spec(&models.join("link.gguf")), &dirs).unwrap_err();
+            assert_eq!(outside, link);
+        }
+        assert!(!outside.contains("secret"), "{outside}");
+    }
 }
