@@ -7,6 +7,37 @@ use serde::Serialize;
 use starling_models::embed::EmbedError;
 use starling_models::ModelError;
 
+/// The longest error message a client is sent (bytes; longer ones are cut).
+const MAX_MESSAGE: usize = 2000;
+
+/// An error's text as a client may see it: without a backtrace (errors of some libraries,
+/// candle's among them, carry one in their text when `RUST_BACKTRACE` is set; it shows
+/// the server's source paths and is of no use to a client) and at most [`MAX_MESSAGE`]
+/// bytes.
+fn client_message(mut m: String) -> String {
+    let trace = [
+        "stack backtrace:",
+        "Stack backtrace:",
+        "\n   0: ",
+        "\n  0: ",
+    ]
+    .iter()
+    .filter_map(|marker| m.find(marker))
+    .min();
+    if let Some(at) = trace {
+        m.truncate(at);
+    }
+    if m.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !m.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        m.truncate(cut);
+        m.push('…');
+    }
+    m.trim_end().to_owned()
+}
+
 /// An error answered to an API client as `{"error": {"message", "type", "param", "code"}}`
 /// with a matching HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +54,7 @@ impl ApiError {
         Self {
             status,
             kind,
-            message: message.into(),
+            message: client_message(message.into()),
             param: None,
             code: None,
         }
@@ -283,6 +314,17 @@ impl From<EmbedError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_carry_no_backtrace_and_are_bounded() {
+        let traced = ApiError::invalid_param(
+            "model",
+            "cannot read tensor blk.0\nStack backtrace:\n   0: candle_core::error::Error::bt\n             at /home/x/.cargo/registry/src/candle-core/src/error.rs:244:25",
+        );
+        assert_eq!(traced.message, "cannot read tensor blk.0");
+        let long = ApiError::invalid("é".repeat(5000));
+        assert!(long.message.len() <= MAX_MESSAGE + '…'.len_utf8());
+    }
 
     #[test]
     fn body_has_openai_shape() {
