@@ -315,6 +315,21 @@ impl Engine {
                 "max_tokens must be at least 1".into(),
             ));
         }
+        // A prompt far beyond the context is refused before it is tokenised (a few
+        // megabytes of text would take seconds and gigabytes to tokenise). Every token
+        // stands for at most `max_token_bytes` bytes; the factor 2 leaves room for text
+        // that a tokenizer's normalisation shortens.
+        let text_bytes: usize = match &req.prompt {
+            Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
+            Prompt::Text(text) => text.len(),
+        };
+        let fewest = text_bytes / (2 * self.tokenizer.max_token_bytes());
+        if fewest >= self.info.context_length {
+            return Err(ModelError::ContextOverflow {
+                needed: fewest + 1,
+                max: self.info.context_length,
+            });
+        }
         let prompt = self.prompt_tokens(&req.prompt)?;
         if prompt.is_empty() {
             return Err(ModelError::InvalidRequest("the prompt is empty".into()));

@@ -196,6 +196,18 @@ async fn bad_requests_are_refused_and_the_engine_keeps_serving() {
     let long = "word ".repeat(100);
     let err = engine.generate(greedy(&long, 4)).err().expect("too long");
     assert!(matches!(err, ModelError::ContextOverflow { .. }), "{err}");
+    // Megabytes are refused by their size, before tokenisation: the bound is a count of
+    // tokens the text needs at least, so it says more than the context holds.
+    let huge = "x".repeat(8 << 20);
+    let fewest = huge.len() / (2 * engine.tokenizer().max_token_bytes());
+    match engine.generate(greedy(&huge, 4)).err() {
+        Some(ModelError::ContextOverflow { needed, max }) => {
+            assert_eq!((needed, max), (fewest + 1, 32));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The bound never refuses what fits: a prompt below it tokenises as usual.
+    assert!(engine.generate(greedy("hi", 4)).is_ok());
     let mut bad = greedy("hi", 4);
     bad.sampling.top_p = 0.0;
     assert!(matches!(

@@ -119,6 +119,8 @@ pub struct GgufTokenizer {
     add_bos: bool,
     strip_leading_space: bool,
     chat_template: Option<String>,
+    /// The most bytes of text one ordinary (non-special) token stands for.
+    max_token_bytes: usize,
 }
 
 impl GgufTokenizer {
@@ -173,7 +175,14 @@ impl GgufTokenizer {
             special = special_ids.len(),
             "built GGUF tokenizer"
         );
+        let max_token_bytes = (0..vocab.tokens.len())
+            .filter(|&id| !vocab.kinds[id].is_special())
+            .filter_map(|id| bytes.get(id as u32).map(<[u8]>::len))
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(Self {
+            max_token_bytes,
             inner,
             bytes,
             special_matcher,
@@ -187,6 +196,12 @@ impl GgufTokenizer {
             tokens: vocab.tokens,
             kinds: vocab.kinds,
         })
+    }
+
+    /// The most bytes of text one ordinary token stands for: `text.len() /
+    /// max_token_bytes()` tokens at least, a bound known without tokenising.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
 
     /// Tokenises `text` without adding BOS. With `allow_special = false`, text that looks
