@@ -176,6 +176,8 @@ struct Inner {
     cancel: CancellationToken,
     /// Records this node published, for the [`pusher`].
     push_tx: mpsc::UnboundedSender<Arc<RecordWire>>,
+    /// When a peer refusing this node's secret was last reported at warn level.
+    refused_warned: crate::transport::WarnEvery,
 }
 
 impl Swarm {
@@ -270,6 +272,7 @@ impl Swarm {
             advertised,
             rpc_timeout: config.rpc_timeout,
             mdns: Mutex::new(None),
+            refused_warned: crate::transport::WarnEvery::new(Duration::from_secs(60)),
             cancel,
             push_tx,
         });
@@ -816,6 +819,9 @@ async fn rejoin_loop(inner: Arc<Inner>, every: Duration) {
             };
             match res {
                 Ok(pc) => inner2.membership.announce(pc.member.clone()),
+                Err(e) if e.is_secret_mismatch() && inner2.refused_warned.due() => {
+                    tracing::warn!(peer = %t, error = %e, "cannot join the swarm")
+                }
                 Err(e) => tracing::debug!(peer = %t, error = %e, "rejoin dial failed"),
             }
         }))

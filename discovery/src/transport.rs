@@ -23,6 +23,23 @@ use crate::metrics::Metrics;
 use crate::tls;
 use crate::wire::{Hello, MemberWire, WIRE_VERSION};
 
+/// The refusal a node gives a peer whose swarm proof is wrong.
+pub const BAD_SECRET: &str = "the peer does not hold this swarm's secret";
+/// The refusal a node gets from a peer that found its swarm proof wrong.
+pub const SECRET_REFUSED: &str =
+    "the peer refused this node's swarm secret (the two nodes hold different secrets; \
+     join with the other node's invite code or --swarm-secret)";
+/// The close reason that tells a peer its swarm proof was wrong.
+const SECRET_MISMATCH_REASON: &[u8] = b"swarm secret mismatch";
+
+impl TransportError {
+    /// Whether the two ends of a refused connection hold different swarm secrets (on
+    /// either side).
+    pub fn is_secret_mismatch(&self) -> bool {
+        matches!(self, TransportError::Refused(r) if *r == BAD_SECRET || *r == SECRET_REFUSED)
+    }
+}
+
 /// Application close code: admission refused.
 pub const CLOSE_REFUSED: u32 = 0x5701;
 /// Application close code: node shutting down.
@@ -119,6 +136,38 @@ pub struct Transport {
     dial_locks: Mutex<HashMap<NodeId, Arc<tokio::sync::Mutex<()>>>>,
     admitted_tx: mpsc::UnboundedSender<PeerConn>,
     cancel: CancellationToken,
+    /// When a refused peer with another swarm secret was last reported at warn level.
+    mismatch_warned: WarnEvery,
+}
+
+/// Says a repeated condition at most once per interval.
+#[derive(Debug)]
+pub struct WarnEvery {
+    every: Duration,
+    last: Mutex<Option<std::time::Instant>>,
+}
+
+impl WarnEvery {
+    /// Once per `every`.
+    pub fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Whether it is time to say it again (and, if so, it counts as said now).
+    pub fn due(&self) -> bool {
+        let Ok(mut last) = self.last.lock() else {
+            return false;
+        };
+        let now = std::time::Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < self.every) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
 }
 
 impl std::fmt::Debug for Transport {
@@ -172,6 +221,7 @@ impl Transport {
             dial_locks: Mutex::new(HashMap::new()),
             admitted_tx,
             cancel,
+            mismatch_warned: WarnEvery::new(Duration::from_secs(60)),
         });
         tokio::spawn(me.clone().accept_loop());
         Ok((me, admitted_rx))
@@ -288,6 +338,15 @@ impl Transport {
                     Ok(Ok(pc)) => {
                         tracing::debug!(peer = %pc.peer.short(), %remote, "accepted and admitted")
                     }
+                    Ok(Err(e)) if e.is_secret_mismatch() => {
+                        // A user's mistake (a node started with another secret), not an
+                        // attack to ignore: said once a minute at most.
+                        if me.mismatch_warned.due() {
+                            tracing::warn!(%remote, "a node with another swarm secret tried to join; give it this swarm's invite code (`starling invite`)")
+                        } else {
+                            tracing::debug!(%remote, error = %e, "incoming connection refused")
+                        }
+                    }
                     Ok(Err(e)) => {
                         tracing::debug!(%remote, error = %e, "incoming connection refused")
                     }
@@ -308,7 +367,12 @@ impl Transport {
             Ok(v) => v,
             Err(e) => {
                 Metrics::inc(&self.metrics.admission_refused);
-                conn.close(CLOSE_REFUSED.into(), b"admission refused");
+                let reason: &[u8] = if matches!(e, TransportError::Refused(BAD_SECRET)) {
+                    SECRET_MISMATCH_REASON
+                } else {
+                    b"admission refused"
+                };
+                conn.close(CLOSE_REFUSED.into(), reason);
                 return Err(e);
             }
         };
@@ -363,7 +427,7 @@ impl Transport {
                 return Err(TransportError::Refused("hello names another node"));
             }
             if !secret.verify_proof(their_role, &client, &server, &exporter, &theirs.proof) {
-                return Err(TransportError::Refused("bad swarm proof"));
+                return Err(TransportError::Refused(BAD_SECRET));
             }
             Ok(())
         };
@@ -372,7 +436,23 @@ impl Transport {
                 let (mut send, mut recv) = conn.open_bi().await?;
                 write_frame(&mut send, &hello, max).await?;
                 let _ = send.finish();
-                let theirs: Hello = expect_frame(&mut recv, max).await?;
+                let theirs: Hello = match expect_frame(&mut recv, max).await {
+                    Ok(h) => h,
+                    // The server checks our proof first and says why it closed.
+                    Err(e) => {
+                        let told = matches!(
+                            conn.close_reason(),
+                            Some(quinn::ConnectionError::ApplicationClosed(ref c))
+                                if c.error_code == CLOSE_REFUSED.into()
+                                    && c.reason.as_ref() == SECRET_MISMATCH_REASON
+                        );
+                        return Err(if told {
+                            TransportError::Refused(SECRET_REFUSED)
+                        } else {
+                            e.into()
+                        });
+                    }
+                };
                 check(&theirs)?;
                 theirs
             }
@@ -446,5 +526,22 @@ impl Transport {
         }
         // Give the close frames a moment to go out, bounded.
         let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_warning_is_said_once_per_interval() {
+        let w = WarnEvery::new(Duration::from_secs(60));
+        assert!(w.due());
+        assert!(!w.due());
+        let never = WarnEvery::new(Duration::ZERO);
+        assert!(never.due() && never.due());
+        assert!(TransportError::Refused(BAD_SECRET).is_secret_mismatch());
+        assert!(TransportError::Refused(SECRET_REFUSED).is_secret_mismatch());
+        assert!(!TransportError::Refused("node not in allowlist").is_secret_mismatch());
     }
 }

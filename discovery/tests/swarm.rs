@@ -358,7 +358,9 @@ async fn strangers_are_refused() {
     let wrong = Swarm::start(config(d[1].path(), &SwarmSecret::generate(), "wrong"))
         .await
         .unwrap();
-    assert!(wrong.join(&boot(&a)).await.is_err());
+    // Both sides learn why: the joiner is told its secret was refused.
+    let e = wrong.join(&boot(&a)).await.unwrap_err().to_string();
+    assert!(e.contains("refused this node's swarm secret"), "{e}");
     assert!(wrong
         .join(&BootstrapPeer {
             addr: a.local_addr(),
