@@ -108,6 +108,63 @@ async fn a_memory_reaches_every_node_and_survives_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_memory_row_is_skipped_and_rebuilt_from_its_signed_record() {
+    let e = EmbedHandle::spawn(
+        BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
+    )
+    .unwrap();
+    let secret = SwarmSecret::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let a = start(dir.path(), &secret, None).await;
+    let book = open_book(dir.path(), Some(e.clone()), &a).await;
+    let mut ids = Vec::new();
+    for (prompt, answer) in [
+        ("What is 17 multiplied by 3?", "17 x 3 = 51"),
+        ("What is 12 plus 30?", "12 + 30 = 42"),
+    ] {
+        let pair = Pair {
+            domain: "math".into(),
+            prompt: prompt.into(),
+            answer: answer.into(),
+            source: None,
+        };
+        match admit(&book, None, &AdmissionConfig::default(), &pair, None)
+            .await
+            .unwrap()
+        {
+            Admitted::Kept(m) => ids.push(m.id),
+            other => panic!("not kept: {other:?}"),
+        }
+    }
+    drop(book);
+    a.shutdown().await;
+    // Damage the first row's body on disk, as a bad sector or a stray write would.
+    let db = rusqlite::Connection::open(dir.path().join("node.db")).unwrap();
+    let changed = db
+        .execute(
+            "UPDATE memories SET body = '{not json' WHERE id = ?1",
+            [&ids[0]],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    // The node starts; the other memory is there at once, the damaged one comes back
+    // from the swarm's signed record.
+    let a2 = start(dir.path(), &secret, None).await;
+    let book = open_book(dir.path(), Some(e.clone()), &a2).await;
+    assert!(book.get(&ids[1]).is_some(), "an intact memory was lost");
+    assert!(book.get(&ids[0]).is_none(), "a damaged row was served");
+    let cancel = CancellationToken::new();
+    book.follow(a2.clone(), cancel.clone());
+    until("rebuild", Duration::from_secs(20), async || {
+        book.get(&ids[0]).is_some()
+    })
+    .await;
+    cancel.cancel();
+    a2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_memories_reach_five_nodes() {
     const N: usize = 10_000;
     let secret = SwarmSecret::generate();

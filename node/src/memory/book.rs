@@ -293,12 +293,13 @@ impl MemoryBook {
                 priors: Vec::new(),
             }),
         }));
-        let rows: Vec<MemoryRecord<StoredBody>> = store
-            .memories(&MemoryFilter {
+        let (rows, unreadable): (Vec<MemoryRecord<StoredBody>>, Vec<String>) = store
+            .readable_memories(&MemoryFilter {
                 include_forgotten: true,
                 ..MemoryFilter::default()
             })
             .await?;
+        book.rebuild_unreadable(&unreadable).await;
         let model = book.model_id();
         let mut missing = Vec::new();
         let mut loaded = Vec::with_capacity(rows.len());
@@ -715,6 +716,33 @@ impl MemoryBook {
             Inserted::Known(known) if known == id => Inserted::Added(memory),
             other => other,
         })
+    }
+
+    /// Rows of `ids` could not be decoded: those whose signed record the swarm holds are
+    /// deleted, so that catching up with the swarm's records writes them again; the others
+    /// stay as they are (skipped, with the store's warning) for their owner to forget.
+    async fn rebuild_unreadable(&self, ids: &[String]) {
+        if ids.is_empty() {
+            return;
+        }
+        let Some(swarm) = &self.0.swarm else {
+            return;
+        };
+        let held: HashSet<String> = match swarm.records(MEMORY_KIND) {
+            Ok(all) => all.iter().map(|r| r.id().to_string()).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list memory records to rebuild damaged rows");
+                return;
+            }
+        };
+        for id in ids.iter().filter(|id| held.contains(*id)) {
+            match self.0.store.delete_memory(id).await {
+                Ok(_) => {
+                    tracing::warn!(id = %id, "damaged memory row will be rebuilt from its signed record")
+                }
+                Err(e) => tracing::warn!(id = %id, error = %e, "cannot remove damaged memory row"),
+            }
+        }
     }
 
     /// Ingests swarm records of kind `memory` (others and invalid ones are skipped, with a

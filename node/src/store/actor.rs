@@ -113,6 +113,10 @@ pub(crate) enum Command {
         author: String,
         reply: Reply<u64>,
     },
+    DeleteMemory {
+        id: String,
+        reply: Reply<bool>,
+    },
     AuthorTrust {
         author: String,
         reply: Reply<Option<AuthorTrust>>,
@@ -217,6 +221,7 @@ impl Command {
             Command::DeleteMemoriesByAuthor { author, reply } => {
                 done(sql::delete_memories_by_author(c, &author), reply)
             }
+            Command::DeleteMemory { id, reply } => done(sql::delete_memory(c, &id), reply),
             Command::AuthorTrust { author, reply } => done(sql::author_trust(c, &author), reply),
             Command::SetAuthorTrust { trust, reply } => {
                 done(sql::set_author_trust(c, &trust), reply)
@@ -256,6 +261,7 @@ impl Command {
             Command::SetMemoryForgotten { reply, .. } => reply(err(error)),
             Command::SetMemoryScore { reply, .. } => reply(err(error)),
             Command::DeleteMemoriesByAuthor { reply, .. } => reply(err(error)),
+            Command::DeleteMemory { reply, .. } => reply(err(error)),
             Command::AuthorTrust { reply, .. } => reply(err(error)),
             Command::SetAuthorTrust { reply, .. } => reply(err(error)),
             Command::AuthorTrusts { reply } => reply(err(error)),

@@ -612,6 +612,40 @@ impl Store {
         )
     }
 
+    /// Memories matching `filter`, newest first, and the ids of the rows whose body does
+    /// not decode (each skipped with a warning naming the table and the id) instead of
+    /// failing the whole list.
+    pub fn readable_memories<T: DeserializeOwned + Send + 'static>(
+        &self,
+        filter: &MemoryFilter,
+    ) -> Pending<(Vec<MemoryRecord<T>>, Vec<String>)> {
+        let filter = filter.clone();
+        self.call(
+            |reply| Command::Memories { filter, reply },
+            |rows: Vec<MemoryRecord<Json>>| {
+                let mut good = Vec::with_capacity(rows.len());
+                let mut bad = Vec::new();
+                for row in rows {
+                    let id = row.id.clone();
+                    match decode_memory(row) {
+                        Ok(m) => good.push(m),
+                        Err(e) => {
+                            tracing::warn!(table = "memories", id = %id, error = %e, "undecodable row skipped");
+                            bad.push(id);
+                        }
+                    }
+                }
+                Ok((good, bad))
+            },
+        )
+    }
+
+    /// Deletes one memory. Returns whether it existed.
+    pub fn delete_memory(&self, id: &str) -> Pending<bool> {
+        let id = id.to_owned();
+        self.call(|reply| Command::DeleteMemory { id, reply }, Ok)
+    }
+
     /// Counts memories that are not forgotten, in `domain` or in all domains.
     pub fn memory_count(&self, domain: Option<&str>) -> Pending<u64> {
         let domain = domain.map(str::to_owned);

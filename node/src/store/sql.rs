@@ -392,13 +392,34 @@ pub(super) fn memories(c: &Connection, f: &MemoryFilter) -> Result<Vec<MemoryRec
          LIMIT ?4"
     ))
     .and_then(|mut s| {
-        s.query_map(
+        let rows = s.query_map(
             params![f.domain, f.author, f.include_forgotten, limit],
-            memory_row,
-        )?
-        .collect()
+            |row| Ok((row.get::<_, String>(0).ok(), memory_row(row))),
+        )?;
+        let mut out = Vec::new();
+        for r in rows {
+            match r? {
+                (_, Ok(m)) => out.push(m),
+                // One damaged row does not hide the others (nor stop the node).
+                (id, Err(e)) => tracing::warn!(
+                    table = "memories",
+                    id = id.as_deref().unwrap_or("?"),
+                    error = %e,
+                    "unreadable row skipped"
+                ),
+            }
+        }
+        Ok(out)
     })
     .map_err(err("list memories"))
+}
+
+pub(super) fn delete_memory(c: &Connection, id: &str) -> Result<bool> {
+    let deleted = c
+        .prepare_cached("DELETE FROM memories WHERE id = ?1")
+        .and_then(|mut s| s.execute([id]))
+        .map_err(err("delete memory"))?;
+    Ok(deleted > 0)
 }
 
 pub(super) fn memory_count(c: &Connection, domain: Option<&str>) -> Result<u64> {
