@@ -450,7 +450,9 @@ async fn an_answer_filed_under_the_wrong_prompt_is_refused() {
         ),
     ];
     for (i, (p, a)) in pool.iter().enumerate() {
-        let m = mem(&format!("m{i}"), "alice", "general", p, a, 8.0);
+        // A domain is judged by its profile once two or more authors wrote to it.
+        let author = if i % 2 == 0 { "alice" } else { "bob" };
+        let m = mem(&format!("m{i}"), author, "general", p, a, 8.0);
         assert!(matches!(
             b.insert(m, None).await.unwrap(),
             Inserted::Added(_)
@@ -484,4 +486,56 @@ async fn an_answer_filed_under_the_wrong_prompt_is_refused() {
         !matches!(verdict, Err(Rejection::Mismatched { .. })),
         "{verdict:?}"
     );
+}
+
+#[tokio::test]
+async fn a_flooding_peer_does_not_make_good_memories_off_domain() {
+    use starling_node::memory::admission::precheck_embedding;
+    use starling_node::memory::AdmissionConfig;
+
+    let e = embedder();
+    let b = book(Store::open_in_memory().unwrap(), &e).await;
+    let good = [
+        (
+            "How do volcanoes form?",
+            "Magma rises through the crust and erupts.",
+        ),
+        ("Why do cats purr?", "They vibrate their laryngeal muscles."),
+        ("What causes tides?", "The Moon's gravity pulls the oceans."),
+        (
+            "Why is bread crusty?",
+            "The Maillard reaction browns the outside.",
+        ),
+    ];
+    for (i, (p, a)) in good.iter().enumerate() {
+        let author = if i % 2 == 0 { "alice" } else { "bob" };
+        let m = mem(&format!("g{i}"), author, "general", p, a, 8.0);
+        assert!(matches!(
+            b.insert(m, None).await.unwrap(),
+            Inserted::Added(_)
+        ));
+    }
+    // 61 nonsense memories from one peer, in `general` and alone in `trivia`.
+    for i in 0..61 {
+        for domain in ["general", "trivia"] {
+            let p = format!("zorbl {i} quux flimflam wib {}", i * 7);
+            let a = format!("blarg {i} snorf vexil {}", i * 13);
+            let m = mem(&format!("{domain}-x{i}"), "mallory", domain, &p, &a, 8.0);
+            b.insert(m, None).await.unwrap();
+        }
+    }
+    let config = AdmissionConfig::default();
+    let prompt = "How do airplanes stay in the air?";
+    let answer = "Wings deflect air downwards and the pressure difference lifts the airplane.";
+    for domain in ["general", "trivia"] {
+        let verdict = precheck_embedding(&b, &config, domain, prompt, answer)
+            .await
+            .unwrap();
+        assert!(verdict.is_ok(), "{domain}: {verdict:?}");
+    }
+    // The flood is in the profile (near duplicates of one another are stored once), as
+    // one author of three.
+    let profile = b.domain_profile("general").unwrap();
+    assert_eq!(profile.authors, 3);
+    assert!(profile.memories > 4 + 10, "{}", profile.memories);
 }

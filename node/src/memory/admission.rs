@@ -19,8 +19,9 @@ use crate::agent::llm::{Llm, LlmError};
 pub struct AdmissionConfig {
     /// Lowest LLM score (0..10) kept.
     pub threshold: f32,
-    /// A prompt whose cosine with its domain's centroid is below this is off-domain (only
-    /// checked once the domain has `min_pool` memories).
+    /// A prompt whose cosine with the centroid of every author's prompts in its domain is
+    /// below this is off-domain (only checked once the domain has `min_pool` memories from
+    /// two or more authors, or from this node).
     pub off_domain_cosine: f32,
     /// Memories a domain needs before the off-domain check applies.
     pub min_pool: usize,
@@ -248,26 +249,36 @@ pub async fn precheck_embedding(
     if cosine < config.unrelated_cosine {
         return Ok(Err(Rejection::Unrelated { cosine }));
     }
-    let Some((sum, n)) = book.prompt_sum(domain) else {
+    let Some(profile) = book.domain_profile(domain) else {
         return Ok(Ok(p));
     };
-    if n < config.min_pool {
+    // A domain is judged by its profile once it has `min_pool` memories, and only when
+    // they come from more than one author or from this node itself: one peer alone does
+    // not define a domain for everybody (a peer that filled `general` with nonsense
+    // would otherwise make every good memory "off-domain").
+    if profile.memories < config.min_pool || (profile.authors < 2 && !profile.only_me) {
         return Ok(Ok(p));
     }
+    let sum = profile.sum;
     // A good answer is about its own request more than about the domain's requests in
     // general; an answer that was filed under the wrong prompt is not.
-    let others = dot(&a, &sum) / n as f32;
+    let others = dot(&a, &sum) / profile.authors as f32;
     if cosine - others < config.mismatch_margin {
         return Ok(Err(Rejection::Mismatched { cosine, others }));
     }
-    if let Some(centroid) = unit(sum) {
-        let cosine = MemoryBook::cosine(&p, &centroid);
-        if cosine < config.off_domain_cosine {
-            return Ok(Err(Rejection::OffDomain {
-                cosine,
-                min: config.off_domain_cosine,
-            }));
-        }
+    // Off-domain means far from what every author of the domain writes about: another
+    // author's memories can make a prompt closer to the domain, never further from it.
+    let cosine = profile
+        .means
+        .iter()
+        .filter_map(|m| unit(m.clone()))
+        .map(|c| MemoryBook::cosine(&p, &c))
+        .fold(f32::NEG_INFINITY, f32::max);
+    if cosine.is_finite() && cosine < config.off_domain_cosine {
+        return Ok(Err(Rejection::OffDomain {
+            cosine,
+            min: config.off_domain_cosine,
+        }));
     }
     Ok(Ok(p))
 }

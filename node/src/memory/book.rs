@@ -1095,21 +1095,43 @@ impl MemoryBook {
         }
     }
 
-    /// The sum of the prompt embeddings of `domain`'s memories and how many there are
-    /// (`None` without an embedder or when the domain has none). Its direction is the
-    /// domain's centroid; `v · sum / n` is the mean cosine of a unit vector `v` with them.
-    pub fn prompt_sum(&self, domain: &str) -> Option<(Vec<f32>, usize)> {
+    /// The domain's profile: the prompt embeddings of `domain`'s memories averaged per
+    /// author, so that every author weighs the same however many memories it sent (a peer
+    /// flooding a domain with 60 memories counts as one voice).
+    /// Ignored authors are left out. `None` without an embedder or when the domain has no
+    /// memories.
+    pub fn domain_profile(&self, domain: &str) -> Option<DomainProfile> {
         self.0.embedder.as_ref()?;
         let st = self.read();
-        let mut sum = vec![0.0f32; self.0.dim];
-        let mut n = 0;
+        let mut per_author: HashMap<&str, (Vec<f32>, usize)> = HashMap::new();
         for s in st.slots.iter().flatten() {
-            if s.memory.domain == domain && s.embedding.len() == self.0.dim {
+            let m = &s.memory;
+            let ignored = st.trust.get(&m.author).is_some_and(|t| t.ignored);
+            if m.domain == domain && s.embedding.len() == self.0.dim && !ignored {
+                let (sum, n) = per_author
+                    .entry(m.author.as_str())
+                    .or_insert_with(|| (vec![0.0f32; self.0.dim], 0));
                 sum.iter_mut().zip(&s.embedding).for_each(|(a, b)| *a += b);
-                n += 1;
+                *n += 1;
             }
         }
-        (n > 0).then_some((sum, n))
+        if per_author.is_empty() {
+            return None;
+        }
+        let mut sum = vec![0.0f32; self.0.dim];
+        let mut means = Vec::with_capacity(per_author.len());
+        for (author_sum, n) in per_author.values() {
+            let mean: Vec<f32> = author_sum.iter().map(|x| x / *n as f32).collect();
+            sum.iter_mut().zip(&mean).for_each(|(a, b)| *a += b);
+            means.push(mean);
+        }
+        Some(DomainProfile {
+            sum,
+            means,
+            memories: per_author.values().map(|(_, n)| n).sum(),
+            authors: per_author.len(),
+            only_me: per_author.len() == 1 && per_author.contains_key(self.0.me.as_str()),
+        })
     }
 
     /// Cosine of two unit vectors (0 when either is empty).
@@ -1120,6 +1142,23 @@ impl MemoryBook {
             dot(a, b)
         }
     }
+}
+
+/// A domain's prompt profile (see [`MemoryBook::domain_profile`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DomainProfile {
+    /// Sum over authors of each author's mean prompt embedding: its direction is the
+    /// domain's centroid, and `v · sum / authors` is a unit vector's mean cosine with the
+    /// authors' prompts.
+    pub sum: Vec<f32>,
+    /// Each author's mean prompt embedding (not normalised).
+    pub means: Vec<Vec<f32>>,
+    /// Memories counted.
+    pub memories: usize,
+    /// Distinct authors counted.
+    pub authors: usize,
+    /// Whether this node wrote every one of them.
+    pub only_me: bool,
 }
 
 fn hex_id(bytes: &[u8]) -> String {

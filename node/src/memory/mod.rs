@@ -19,5 +19,7 @@ pub mod record;
 pub mod sync;
 
 pub use admission::{admit, score_pair, AdmissionConfig, Admitted, Pair, Rejection};
-pub use book::{format_examples, BookConfig, BookError, Inserted, MemoryBook, MemoryHit};
+pub use book::{
+    format_examples, BookConfig, BookError, DomainProfile, Inserted, MemoryBook, MemoryHit,
+};
 pub use record::{Memory, MemoryBody, MemoryError, DEFAULT_DOMAIN, MEMORY_KIND};
