@@ -436,6 +436,9 @@ async fn fold_books(
             BookConfig::default(),
         )
         .await?;
+        // The pool is the node's own memories (one author, this node: its profile judges
+        // the candidates as in a node that wrote them).
+        let me = book.me().to_owned();
         let items = pairs
             .iter()
             .enumerate()
@@ -443,7 +446,7 @@ async fn fold_books(
             .map(|(i, p)| {
                 let body = MemoryBook::body(&p.domain, &p.prompt, &p.answer, None, 8.0);
                 (
-                    Memory::from_body(format!("pool-{i}"), "eval".into(), body),
+                    Memory::from_body(format!("pool-{i}"), me.clone(), body),
                     None,
                 )
             })
