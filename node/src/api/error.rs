@@ -269,7 +269,16 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = %self.status, message = %self.message, "API request rejected");
         }
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        // Busy is momentary: a generation slot frees within seconds. Clients (openai,
+        // litellm) honour Retry-After instead of their own back-off.
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 
@@ -314,6 +323,15 @@ impl From<EmbedError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_says_when_to_retry() {
+        let r = ApiError::busy(4).into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], "1");
+        let r = ApiError::invalid("x").into_response();
+        assert!(r.headers().get(axum::http::header::RETRY_AFTER).is_none());
+    }
 
     #[test]
     fn messages_carry_no_backtrace_and_are_bounded() {

@@ -90,10 +90,14 @@ pub(crate) fn check_documented(component: &str, body: &Value) -> Result<(), ApiE
         Ok(()) => Ok(()),
         Err(e) => {
             let param = param_of(e.instance_path().as_str());
+            // The document's own words for a field it restricts ("Tool calling is not
+            // supported") say more than the validator's, which repeat the payload.
+            let said = documented_reason(doc, e.schema_path().as_str());
+            let detail = said.unwrap_or_else(|| bounded(&e.to_string()));
             let message = if param.is_empty() {
-                format!("invalid request body: {e}")
+                format!("invalid request body: {detail}")
             } else {
-                format!("invalid request field `{param}`: {e}")
+                format!("invalid request field `{param}`: {detail}")
             };
             Err(if param.is_empty() {
                 ApiError::invalid(message)
@@ -114,6 +118,24 @@ fn validator(doc: &Value, component: &str) -> Result<jsonschema::Validator, Stri
         .with_draft(jsonschema::Draft::Draft202012)
         .build(&schema)
         .map_err(|e| format!("schema `{component}` of the OpenAPI document does not compile: {e}"))
+}
+
+/// The description of the schema whose keyword failed (the keyword's location without
+/// its last segment, a JSON pointer into the document), when it states a limit of this
+/// server (`not supported`, `only …`).
+fn documented_reason(doc: &Value, keyword_location: &str) -> Option<String> {
+    let (parent, _) = keyword_location.rsplit_once('/')?;
+    let d = doc.pointer(parent)?.get("description")?.as_str()?;
+    let lower = d.to_lowercase();
+    (lower.contains("not supported") || lower.starts_with("only")).then(|| d.to_owned())
+}
+
+/// A validator's message cut to 300 characters (it quotes the offending value).
+fn bounded(text: &str) -> String {
+    match text.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
 }
 
 /// A JSON pointer (`/messages/0/role`) as the API names fields (`messages[0].role`).
@@ -298,6 +320,43 @@ mod tests {
         check_documented(component, &body)
             .err()
             .map(|e| e.body()["error"]["param"].as_str().unwrap_or("").to_owned())
+    }
+
+    #[test]
+    fn refused_features_are_named_in_the_documents_words() {
+        use serde_json::json;
+        let tools = json!({"type": "function", "function": {"name": "f", "parameters": {}}});
+        let body = json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [tools]
+        });
+        let e = check_documented("ChatCompletionRequest", &body).unwrap_err();
+        let m = e.body()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        assert!(m.contains("Tool calling is not supported"), "{m}");
+        assert!(
+            !m.contains("parameters"),
+            "the payload is not repeated: {m}"
+        );
+        for (field, value) in [
+            ("logit_bias", json!({"50256": -100})),
+            ("functions", json!([{"name": "f"}])),
+            ("function_call", json!("auto")),
+            ("grammar", json!("root ::= \"a\"")),
+            ("guided_json", json!({"type": "object"})),
+        ] {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            body[field] = value;
+            let e = check_documented("ChatCompletionRequest", &body).unwrap_err();
+            assert_eq!(e.body()["error"]["param"], field);
+            let m = e.body()["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            assert!(m.contains("not supported"), "{field}: {m}");
+        }
     }
 
     #[test]
