@@ -522,6 +522,10 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
         "tariff",
         "wage",
         "salary",
+        // `what will the couple pay`: the verb names the amount.
+        "pay",
+        "spend",
+        "owe",
     ];
     let slot = match wh.as_str() {
         "who" | "whom" | "whose" => Slot::Person,
@@ -1373,7 +1377,8 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
             v
         }
         Slot::Quantity => {
-            let mut v = found(conversion_re());
+            let mut v = found(money_conversion_re());
+            v.extend(found(conversion_re()));
             v.extend(found(quantity_re()));
             v
         }
@@ -1667,10 +1672,11 @@ fn first_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         sub.slot,
         Slot::Quantity | Slot::Count | Slot::Time | Slot::Date
     ) {
+        // (The lead-in's words count: `a full day in Studio A: what does that come to`.)
         let others: Vec<String> = sub
             .terms
             .iter()
-            .filter(|t| !t.context && !sub.slot_terms.contains(&t.term))
+            .filter(|t| !sub.slot_terms.contains(&t.term))
             .map(|t| t.term.clone())
             .collect();
         let fitting = unit
@@ -2019,6 +2025,10 @@ fn canonical_unit(u: &str) -> String {
         "inch" | "inches" | "in" => "in",
         "pound" | "pounds" | "lb" | "lbs" => "lb",
         "gallon" | "gallons" | "gal" => "gal",
+        // Money (`pounds` stays a weight: `£` says sterling).
+        "€" | "eur" | "euro" | "euros" => "eur",
+        "£" | "gbp" | "sterling" => "gbp",
+        "$" | "usd" | "dollar" | "dollars" => "usd",
         other => other,
     }
     .to_owned()
@@ -2031,6 +2041,31 @@ fn is_unit(u: &str) -> bool {
         .iter()
         .any(|base| conversion(u, base).is_some())
         || ["mi", "nmi", "ft", "in", "lb", "gal", "%"].contains(&u)
+        || is_currency(u)
+}
+
+/// Whether `u` (canonical) is a currency.
+fn is_currency(u: &str) -> bool {
+    ["eur", "gbp", "usd"].contains(&u)
+}
+
+/// The symbol a currency is written with.
+fn currency_symbol(u: &str) -> Option<&'static str> {
+    match u {
+        "eur" => Some("€"),
+        "gbp" => Some("£"),
+        "usd" => Some("$"),
+        _ => None,
+    }
+}
+
+/// An exchange rate stated with symbols: `£1 = €1.15`.
+fn money_conversion_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"([£$€])\s?1(?:\.00?)?\s*(?:=|is|buys)\s*([£$€])\s?(\d+(?:\.\d+)?)",
+    )
 }
 
 /// Factor to convert `from` into `to` when both measure the same thing.
@@ -2083,9 +2118,35 @@ pub fn parse_quantity(span: &str) -> Option<Quantity> {
             text: format!("{} {} per {}", &c[2], &c[3], &c[1]),
         });
     }
+    // An exchange rate (`£1 = €1.15`) is a rate too: 1.15 euros per pound sterling.
+    if let Some(c) = money_conversion_re().captures(span) {
+        let value: f64 = c[3].parse().ok()?;
+        return Some(Quantity {
+            value,
+            unit: canonical_unit(&c[2]),
+            per: Some(canonical_unit(&c[1])),
+            text: format!("{}{} per {}1", &c[2], &c[3], &c[1]),
+        });
+    }
     let m = number_re().find(span)?;
     let value: f64 = m.as_str().replace(',', "").parse().ok()?;
     let rest = span[m.end()..].trim();
+    // `£28 per ringer`: the symbol before the number is the unit.
+    if let Some(sym) = span[..m.start()].trim_end().chars().last() {
+        if matches!(sym, '£' | '€' | '$') {
+            let per = rest
+                .strip_prefix("per ")
+                .or_else(|| rest.strip_prefix('/'))
+                .and_then(|p| p.split_whitespace().next())
+                .map(canonical_unit);
+            return Some(Quantity {
+                value,
+                unit: canonical_unit(&sym.to_string()),
+                per,
+                text: span.trim().to_owned(),
+            });
+        }
+    }
     let (unit, per) = match rest.split_once(" per ").or_else(|| rest.split_once('/')) {
         Some((u, p)) => (
             u.trim(),
@@ -2197,10 +2258,22 @@ fn format_qty(x: f64, unit: &str) -> String {
         let f = format!("{:.3}", frac.abs());
         grouped.push_str(f.trim_start_matches('0').trim_end_matches('0'));
     }
-    if unit.is_empty() {
-        grouped
-    } else {
-        format!("{grouped} {unit}")
+    match currency_symbol(unit) {
+        Some(sym) if !grouped.starts_with('-') => {
+            // Money to the penny: `£206.40`, `€598`.
+            let cents = (x * 100.0).round() / 100.0;
+            if (cents - cents.trunc()).abs() > 1e-9 {
+                let whole = format_qty(cents.trunc(), "");
+                format!(
+                    "{sym}{whole}.{:02}",
+                    ((cents - cents.trunc()) * 100.0).round() as i64
+                )
+            } else {
+                format!("{sym}{grouped}")
+            }
+        }
+        _ if unit.is_empty() => grouped,
+        _ => format!("{grouped} {unit}"),
     }
 }
 
@@ -2254,7 +2327,13 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
                 (Some(_), None) => (b, a),
                 _ => return None,
             };
-            let f = conversion(&amount.unit, rate.per.as_deref()?)?;
+            let per = rate.per.as_deref()?;
+            // `7` ringers (a bare count from a `Ringers` column) × `£28 per ringer`.
+            let f = if amount.unit.is_empty() && !is_unit(per) {
+                1.0
+            } else {
+                conversion(&amount.unit, per)?
+            };
             let r = eval(format!("{} * {} * {}", amount.value, f, rate.value))?;
             let result = format_qty(r, &rate.unit);
             Some(Calculation {
@@ -2499,6 +2578,18 @@ pub fn calc_op(question: &str, sub: &SubQuestion, direct: Option<&NodeHit>) -> O
     if asks_difference(question) {
         return Some(CalcOp::Difference);
     }
+    // A rate found for a question that asks no rate (`£28 per ringer` for `what will the
+    // couple pay`) is one factor of the answer.
+    let direct_q = direct
+        .and_then(|d| d.located.span.as_deref())
+        .and_then(parse_quantity);
+    let lower = question.to_lowercase();
+    let asks_rate = [" per ", " each", " a head", " an hour", " a day"]
+        .iter()
+        .any(|w| lower.contains(w));
+    if direct_q.as_ref().is_some_and(|q| q.per.is_some()) && !asks_rate {
+        return Some(CalcOp::Product);
+    }
     let unit = asked_unit(question)?;
     let direct_unit = direct
         .and_then(|d| d.located.span.as_deref())
@@ -2523,10 +2614,9 @@ pub fn plan_calc(
         .iter()
         .filter(|h| {
             h.located.score >= MIN_SCORE * 0.6
-                || h.located
-                    .span
-                    .as_deref()
-                    .is_some_and(|s| conversion_re().is_match(s))
+                || h.located.span.as_deref().is_some_and(|s| {
+                    conversion_re().is_match(s) || money_conversion_re().is_match(s)
+                })
         })
         .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?)))
         .collect();
@@ -3111,6 +3201,9 @@ mod tests {
             person_re(),
             code_re(),
             place_re(),
+            money_conversion_re(),
+            age_group_re(),
+            update_re(),
         ] {
             assert!(!r.as_str().is_empty());
         }
@@ -3647,6 +3740,58 @@ mod tests {
         let sub = &decompose("For our Under-12s game: when does it kick off?")[0];
         let found = locate(sub, &rows, 2);
         assert_eq!(found[0].span.as_deref(), Some("10:30"), "{found:?}");
+    }
+
+    #[test]
+    fn money_rates_and_exchange_rates_multiply_into_totals() {
+        // 7 ringers (a bare count under `Ringers`) at £28 per ringer.
+        let ringers = parse_quantity("7").unwrap();
+        let fee = parse_quantity("£28 per ringer").unwrap();
+        assert_eq!(
+            (fee.unit.as_str(), fee.per.as_deref()),
+            ("gbp", Some("ringer"))
+        );
+        let c = calculate(CalcOp::Product, &ringers, &fee).unwrap();
+        assert_eq!(c.result, "£196");
+        // £520 at a quoting rate of £1 = €1.15.
+        let day = parse_quantity("£520").unwrap();
+        let rate = parse_quantity("£1 = €1.15").unwrap();
+        assert_eq!(
+            (rate.unit.as_str(), rate.per.as_deref()),
+            ("eur", Some("gbp"))
+        );
+        let c = calculate(CalcOp::Product, &day, &rate).unwrap();
+        assert_eq!(c.result, "€598");
+        let c = calculate(CalcOp::Product, &parse_quantity("€240").unwrap(), &{
+            let mut r = parse_quantity("€1 = £0.86").unwrap();
+            r.text = "£0.86 per €1".into();
+            r
+        })
+        .unwrap();
+        assert_eq!(c.result, "£206.40");
+        assert_eq!(
+            asked_unit("What does that come to in euros?").as_deref(),
+            Some("eur")
+        );
+        // A rate found for a total is one factor of it.
+        let q = "What will the couple pay for the ringing?";
+        let sub = &decompose(q)[0];
+        let unit = document_units("fees.md", "wedding ringing: £28 per ringer\n").remove(0);
+        let hit = NodeHit {
+            node_id: "n".into(),
+            located: Located {
+                span: Some("£28 per ringer".into()),
+                score: 1.0,
+                unit,
+                pending: false,
+            },
+            prior: 0.0,
+        };
+        assert_eq!(calc_op(q, sub, Some(&hit)), Some(CalcOp::Product));
+        assert_eq!(
+            calc_op("What is the fee per ringer?", sub, Some(&hit)),
+            None
+        );
     }
 
     #[test]
