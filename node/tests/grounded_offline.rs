@@ -13,9 +13,16 @@ use starling_node::commands::eval_swarm_qa::{
     load_scenarios, score_answer, Scenario, ScenarioNode,
 };
 
+/// A node's units in the order a node reads them: its documents by file name, as the
+/// runtime's document index lists its folder.
 fn units_of(n: &ScenarioNode) -> Vec<Unit> {
-    n.documents
-        .iter()
+    let mut docs: Vec<_> = n.documents.iter().collect();
+    docs.sort_by(|a, b| a.name.cmp(&b.name));
+    // GROUNDED_REVERSE: the other order, to find answers that depend on reading order.
+    if std::env::var_os("GROUNDED_REVERSE").is_some() {
+        docs.reverse();
+    }
+    docs.iter()
         .flat_map(|d| document_units(&d.name, &d.text))
         .collect()
 }
@@ -95,6 +102,9 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
             Next::Assign(steps) => {
                 for (node, text) in steps {
                     let sub = inq.step_sub(&node, &text).expect("pending step");
+                    if std::env::var("GROUNDED_DEBUG").is_ok_and(|id| id == s.id || id == "all") {
+                        eprintln!("{} step {node}: {text}", s.id);
+                    }
                     let units = &nodes.iter().find(|(n, _)| *n == node).expect("node").1;
                     inq.record(
                         &node,

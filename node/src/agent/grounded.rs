@@ -1208,6 +1208,20 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
                     score *= 0.5;
                 }
             }
+            // `until 10:30` says when something stops: for a question about when
+            // something starts (`what time can people get in`) it is the weaker evidence.
+            if sub.slot == Slot::Time && !asks_end(sub) {
+                if let Some(v) = &span {
+                    let before = u
+                        .text
+                        .find(v.as_str())
+                        .map_or("", |i| u.text[..i].trim_end());
+                    let lower = before.to_lowercase();
+                    if lower.ends_with("until") || lower.ends_with("till") {
+                        score *= 0.9;
+                    }
+                }
+            }
             // An update that states a value outranks the listing it updates.
             if span.is_some() && (is_update(&u.text) || is_update(&u.heading)) {
                 score *= UPDATE_BOOST;
@@ -2484,6 +2498,11 @@ pub enum Route {
         first: String,
         /// The node holding the value (as probed; the follow-up goes to the swarm's best).
         second: String,
+        /// The entity's terms as the plan found them (`m`, `0417`): of the units the first
+        /// node returns, the follow-up starts from one naming them, whatever order the
+        /// node's documents were read in.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        link: Vec<String>,
     },
     /// Two nodes hold the numbers of a calculation.
     Calc {
@@ -2519,10 +2538,14 @@ pub fn best_direct(hits: &[NodeHit]) -> Option<&NodeHit> {
 pub fn bridge_starts(sub: &SubQuestion, hits: &[NodeHit], n: usize) -> Vec<(NodeHit, SubQuestion)> {
     // The best evidence says the fact is not settled (`Choreographer: TBC`): whatever a
     // bridge from it finds (last year's choreographer) is not the answer.
-    let best = hits
+    let top = hits
         .iter()
-        .max_by(|a, b| a.located.score.total_cmp(&b.located.score));
-    if best.is_some_and(|h| h.located.pending) {
+        .map(|h| h.located.score)
+        .fold(f32::NEG_INFINITY, f32::max);
+    if hits
+        .iter()
+        .any(|h| h.located.pending && h.located.score >= top)
+    {
         return Vec::new();
     }
     let mut v: Vec<&NodeHit> = hits
@@ -2667,6 +2690,21 @@ impl SubQuestion {
     }
 }
 
+/// The unit a bridge part starts from: of what its first node located, the one naming
+/// the entity the plan found (whatever order that node read its documents in), else the
+/// best.
+fn bridge_start(p: &Part) -> Option<&Located> {
+    let found = p.steps.first()?.result.as_deref()?;
+    let planned = match &p.route {
+        Route::Bridge { link, .. } if !link.is_empty() => found.iter().find(|l| {
+            let ts = link_terms(&p.sub, &l.unit);
+            link.iter().all(|t| ts.contains(t))
+        }),
+        _ => None,
+    };
+    planned.or(found.first())
+}
+
 /// One unit of work: a sub-question for one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
@@ -2754,7 +2792,7 @@ impl Inquiry {
         for p in &self.parts {
             let ids: Vec<&String> = match &p.route {
                 Route::Direct { node_id } => vec![node_id],
-                Route::Bridge { first, second } => vec![first, second],
+                Route::Bridge { first, second, .. } => vec![first, second],
                 Route::Calc { nodes, .. } => nodes.iter().collect(),
                 Route::NotFound => vec![],
             };
@@ -2794,7 +2832,7 @@ impl Inquiry {
     pub fn next_step(&mut self) -> Next {
         for p in &mut self.parts {
             if let (Route::Bridge { second, .. }, 1) = (&p.route, p.steps.len()) {
-                if let Some(first) = p.steps[0].result.as_ref().and_then(|f| f.first()) {
+                if let Some(first) = bridge_start(p) {
                     let link = link_terms(&p.sub, &first.unit);
                     if !link.is_empty() {
                         let follow = follow_up(&p.sub, &first.unit, &link);
@@ -2841,12 +2879,15 @@ impl Inquiry {
             value: None,
             citations: Vec::new(),
         };
+        // The node's best value, unless it says the fact is unsettled at least as
+        // strongly (whatever order the equally good units came in).
         let valued = |s: &Step| -> Option<Located> {
-            s.result
-                .as_ref()?
+            let found = s.result.as_ref()?;
+            let v = found
                 .iter()
-                .find(|l| l.span.is_some() && l.score >= MIN_SCORE)
-                .cloned()
+                .find(|l| l.span.is_some() && l.score >= MIN_SCORE)?;
+            let unsettled = found.iter().any(|l| l.pending && l.score >= v.score);
+            (!unsettled).then(|| v.clone())
         };
         match &p.route {
             Route::NotFound => none,
@@ -2867,7 +2908,7 @@ impl Inquiry {
                 let (Some(a), Some(b)) = (p.steps.first(), p.steps.get(1)) else {
                     return none;
                 };
-                let Some(first) = a.result.as_ref().and_then(|r| r.first()) else {
+                let Some(first) = bridge_start(p) else {
                     return none;
                 };
                 let links: Vec<String> = link_terms(&p.sub, &first.unit);
@@ -2961,6 +3002,7 @@ pub fn route_with_bridges(
                 return Route::Bridge {
                     first: start.node_id.clone(),
                     second: end.node_id.clone(),
+                    link: link_terms(sub, &start.located.unit),
                 };
             }
         }
@@ -3395,7 +3437,8 @@ mod tests {
             route,
             Route::Bridge {
                 first: "jas".into(),
-                second: "otis".into()
+                second: "otis".into(),
+                link: vec!["cv".into(), "valdessa".into()],
             }
         );
         let mut inq = Inquiry::new(q, "me", vec![(sub, route)]);
@@ -3792,6 +3835,43 @@ mod tests {
             calc_op("What is the fee per ringer?", sub, Some(&hit)),
             None
         );
+    }
+
+    #[test]
+    fn a_bridge_follows_the_planned_entity_whatever_the_reading_order() {
+        let q = "Who has the big tile saw out?";
+        let sub = decompose(q)[0].clone();
+        let units = document_units(
+            "a.md",
+            "TL-112 wet tile saw (large), water tray\n\n\
+             | Item code | Item | Member no. |\n|---|---|---|\n| TL-112 | Tile saw (large) | M-0417 |\n",
+        );
+        let row = units.iter().find(|u| !u.fields.is_empty()).unwrap().clone();
+        let route = Route::Bridge {
+            first: "b".into(),
+            second: "h".into(),
+            link: link_terms(&sub, &row),
+        };
+        let located = |u: &Unit| Located {
+            span: None,
+            score: 0.5,
+            unit: u.clone(),
+            pending: false,
+        };
+        for found in [
+            vec![located(&units[0]), located(&row)],
+            vec![located(&row), located(&units[0])],
+        ] {
+            let mut inq = Inquiry::new(q, "me", vec![(sub.clone(), route.clone())]);
+            let Next::Assign(first) = inq.next_step() else {
+                panic!("the first node is asked")
+            };
+            inq.record(&first[0].0, &first[0].1, found);
+            let Next::Assign(follow) = inq.next_step() else {
+                panic!("the follow-up is asked")
+            };
+            assert!(follow[0].1.contains("M-0417"), "{follow:?}");
+        }
     }
 
     #[test]

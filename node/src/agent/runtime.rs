@@ -816,23 +816,29 @@ impl Agent {
         depth: u32,
     ) -> Result<TaskResult, AgentError> {
         let planner = Planner::new(task);
-        // Search: the cards matching the task or one of its sub-questions.
-        let mut candidates: Vec<String> = Vec::new();
-        let queries = std::iter::once(task.to_owned())
-            .chain(planner.subs().iter().map(|s| s.text.clone()))
-            .collect::<Vec<_>>();
-        for q in queries {
-            for h in self.search_cards(&q, PROBE_CARDS).await {
-                if !candidates.contains(&h.card.node_id) {
-                    candidates.push(h.card.node_id);
-                }
-            }
+        // Whom to probe. Probing costs no model call (each node matches text against its
+        // own documents), so a swarm of at most MAX_PROBED known nodes is probed whole: a
+        // card rarely names what its documents hold (a membership secretary's card does
+        // not say `M-0417`). A larger swarm is searched: the cards matching the task or one
+        // of its sub-questions, and later those matching each follow-up question.
+        let known: Vec<String> = self
+            .known_cards()
+            .into_iter()
+            .map(|k| k.node_id)
+            .filter(|id| *id != self.0.me)
+            .collect();
+        let search_each_probe = known.len() > MAX_PROBED;
+        let mut candidates: Vec<String> = if search_each_probe { Vec::new() } else { known };
+        if search_each_probe {
+            let queries = std::iter::once(task.to_owned())
+                .chain(planner.subs().iter().map(|s| s.text.clone()))
+                .collect::<Vec<_>>();
+            self.add_candidates(&mut candidates, &queries).await;
         }
-        candidates.truncate(MAX_PROBED);
+        // Every known card, for the priors of whichever nodes end up probed.
         let cards: Vec<(String, String)> = self
             .known_cards()
             .into_iter()
-            .filter(|k| candidates.contains(&k.node_id) || k.node_id == self.0.me)
             .map(|k| {
                 let text = format!("{} {}", k.card.description, k.card.skills.join(" "));
                 (k.node_id, text)
@@ -843,6 +849,10 @@ impl Agent {
         let routed = loop {
             match planner.next_step() {
                 PlanStep::Probe(asked) => {
+                    if search_each_probe {
+                        let queries: Vec<String> = asked.iter().map(|s| s.text.clone()).collect();
+                        self.add_candidates(&mut candidates, &queries).await;
+                    }
                     let hits = self.probe(&candidates, &asked).await;
                     planner.handle(hits);
                 }
@@ -906,6 +916,21 @@ impl Agent {
 
     /// Asks `nodes` (this one answered locally) which of their units answer `subs`; per
     /// sub-question, every node's hits. Nodes that fail to answer are left out.
+    /// Adds the nodes whose cards best match each of `queries` (PROBE_CARDS per query) to
+    /// `candidates`, up to MAX_PROBED in all.
+    async fn add_candidates(&self, candidates: &mut Vec<String>, queries: &[String]) {
+        for q in queries {
+            for h in self.search_cards(q, PROBE_CARDS).await {
+                if candidates.len() >= MAX_PROBED {
+                    return;
+                }
+                if h.card.node_id != self.0.me && !candidates.contains(&h.card.node_id) {
+                    candidates.push(h.card.node_id);
+                }
+            }
+        }
+    }
+
     async fn probe(&self, nodes: &[String], subs: &[SubQuestion]) -> Vec<Vec<NodeHit>> {
         let mut out: Vec<Vec<NodeHit>> = vec![Vec::new(); subs.len()];
         for (i, sub) in subs.iter().enumerate() {
