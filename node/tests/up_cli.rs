@@ -379,6 +379,44 @@ fn node_api_answers(api: SocketAddr, other_model: &Path) {
             .await
             .expect("json");
         assert!(groups.is_array());
+        // Tasks: listed from submission on; an unknown one cannot be cancelled, an ended
+        // one is a conflict (the tiny model may finish before the cancel arrives).
+        let submitted: Value = post("/api/tasks", r#"{"task": "Say hi."}"#)
+            .await
+            .expect("submit")
+            .json()
+            .await
+            .expect("json");
+        let id = submitted["group_id"].as_str().expect("group id").to_owned();
+        let tasks: Value = get("/api/tasks")
+            .await
+            .expect("tasks")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(tasks[0]["group_id"], id.as_str(), "{tasks}");
+        let delete = |path: String| c.delete(format!("{base}{path}")).send();
+        let r = delete("/api/tasks/nope".into()).await.expect("delete");
+        assert_eq!(r.status(), 404);
+        let r = delete(format!("/api/tasks/{id}")).await.expect("delete");
+        match r.status().as_u16() {
+            200 => {
+                let v: Value = r.json().await.expect("json");
+                assert_eq!(v["state"], "cancelled", "{v}");
+            }
+            409 => {}
+            other => panic!("cancel answered {other}"),
+        }
+        let state: Value = get(&format!("/api/tasks/{id}"))
+            .await
+            .expect("task")
+            .json()
+            .await
+            .expect("json");
+        assert!(
+            state["state"] == "cancelled" || state["answer"].is_string(),
+            "{state}"
+        );
         // Switching the active model: a bad one is refused and the old one stays.
         let put = |body: String| {
             c.put(format!("{base}/api/models/active"))

@@ -28,6 +28,7 @@ mod models;
 pub mod node;
 mod openapi;
 mod state;
+pub mod tasks;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

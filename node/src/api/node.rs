@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use axum::extract::{FromRef, State};
 use axum::http::StatusCode;
@@ -21,6 +22,7 @@ use starling_models::source::ModelSource;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery, Documented};
 use super::state::AppState;
+use super::tasks::{Cancel, TaskRunner, TaskState, TaskView};
 use crate::agent::card::{CardHit, KnownCard};
 use crate::agent::chat::{Message, Task};
 use crate::agent::runtime::{new_group_id, GroupBody};
@@ -32,6 +34,8 @@ use crate::store::GroupRecord;
 pub struct NodeApi {
     /// The running node.
     pub node: Node,
+    /// The tasks submitted through the API (owned: dropped with the router, they stop).
+    pub tasks: Arc<TaskRunner>,
 }
 
 impl FromRef<NodeApi> for AppState {
@@ -50,15 +54,18 @@ pub fn router(node: Node) -> Router {
         .route("/api/peers", get(peers))
         .route("/api/invite", get(invite))
         .route("/api/cards", get(cards))
-        .route("/api/tasks", post(submit_task))
+        .route("/api/tasks", get(list_tasks).post(submit_task))
         .route("/api/groups", get(groups))
         .route("/api/groups/{id}", get(group))
-        .route("/api/tasks/{id}", get(task_result))
+        .route("/api/tasks/{id}", get(task_result).delete(cancel_task))
         .route("/api/events", get(events))
         .route("/api/models/active", get(active_model).put(switch_model))
         .route("/api/human", get(human_pending))
         .route("/api/human/{id}", post(human_answer))
-        .with_state(NodeApi { node })
+        .with_state(NodeApi {
+            node,
+            tasks: Arc::new(TaskRunner::default()),
+        })
 }
 
 /// `GET /api/node`.
@@ -241,19 +248,53 @@ async fn submit_task(
     let group_id = new_group_id();
     let agent = s.node.agent.clone();
     if body.wait {
-        let r = agent
-            .submit_as(&task, group_id)
-            .await
-            .map_err(|e| ApiError::internal(format!("the task failed: {e}")))?;
+        s.tasks.started(&group_id, &task);
+        let r = agent.submit_as(&task, group_id.clone()).await;
+        s.tasks
+            .end(&group_id, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        let r = r.map_err(|e| ApiError::internal(format!("the task failed: {e}")))?;
         return Ok(Json(r).into_response());
     }
     let gid = group_id.clone();
-    tokio::spawn(async move {
-        if let Err(e) = agent.submit_as(&task, gid.clone()).await {
-            tracing::warn!(group = %gid, error = %e, "task failed");
-        }
+    s.tasks.spawn(&group_id, &task.clone(), async move {
+        agent
+            .submit_as(&task, gid)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     });
     Ok((StatusCode::ACCEPTED, Json(Submitted { group_id })).into_response())
+}
+
+/// `GET /api/tasks`: the tasks submitted to this node, newest first (running ones and
+/// the last [`super::tasks::REMEMBERED`] ended ones).
+async fn list_tasks(State(s): State<NodeApi>) -> Json<Vec<TaskView>> {
+    Json(s.tasks.list())
+}
+
+/// `DELETE /api/tasks/{id}`: cancels a running task. Its work on this node stops at once;
+/// members already working on a sub-question finish it (their answers are dropped).
+async fn cancel_task(
+    State(s): State<NodeApi>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    match s.tasks.cancel(&id) {
+        Cancel::Cancelled | Cancel::Ended(TaskState::Cancelled) => s
+            .tasks
+            .get(&id)
+            .map(Json)
+            .ok_or_else(|| ApiError::internal("a cancelled task is missing from the task list")),
+        Cancel::Ended(state) => Err(ApiError::conflict(format!(
+            "task `{id}` has already ended ({})",
+            serde_json::to_value(state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ))),
+        Cancel::Unknown => Err(ApiError::not_found(format!(
+            "no task `{id}` was submitted to this node"
+        ))),
+    }
 }
 
 /// A group as the API shows it.
@@ -343,10 +384,17 @@ async fn task_result(
     State(s): State<NodeApi>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    match s.node.agent.task_result(&id) {
-        Some(r) => Ok(Json(r).into_response()),
+    if let Some(r) = s.node.agent.task_result(&id) {
+        return Ok(Json(r).into_response());
+    }
+    // Not finished: where it stands (202 while it runs), from submission on.
+    match s.tasks.get(&id) {
+        Some(t) if t.state == TaskState::Running => {
+            Ok((StatusCode::ACCEPTED, Json(t)).into_response())
+        }
+        Some(t) => Ok(Json(t).into_response()),
         None => Err(ApiError::not_found(format!(
-            "no finished task `{id}` on this node (it may still be running: follow /api/events)"
+            "no task `{id}` on this node (a task submitted elsewhere is answered there)"
         ))),
     }
 }
