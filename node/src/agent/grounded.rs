@@ -1023,7 +1023,12 @@ fn is_pending(text: &str) -> bool {
 /// 18:40`, `7204 works Diagram A instead`, `changed from 6c to 6b+`, `now the cover`): of
 /// two units that answer alike, the one that updates the other is current.
 fn is_update(text: &str) -> bool {
-    update_re().is_match(text) || !revisions(text).is_empty()
+    marks_update(text, &revisions(text))
+}
+
+/// [`is_update`] for a text whose [`revisions`] are known already.
+fn marks_update(text: &str, revisions: &[(String, String)]) -> bool {
+    update_re().is_match(text) || !revisions.is_empty()
 }
 
 /// The words that mark an update (see [`is_update`]).
@@ -1036,14 +1041,12 @@ fn update_re() -> &'static Regex {
 }
 
 /// The value an update gives: the first of the slot's kind after its marker (`first
-/// booked for 10 March was moved to 17 March` gives `17 March`).
-fn updated_value(sub: &SubQuestion, text: &str) -> Option<String> {
+/// booked for 10 March was moved to 17 March` gives `17 March`); `revisions` are the
+/// text's own [`revisions`].
+fn updated_value(sub: &SubQuestion, text: &str, revisions: &[(String, String)]) -> Option<String> {
     let at = update_re().find(text)?.end();
     // `brought forward from 06:30`: the value it came from is not the new one.
-    let old: Vec<Vec<String>> = revisions(text)
-        .into_iter()
-        .map(|(o, _)| terms_of(&o))
-        .collect();
+    let old: Vec<Vec<String>> = revisions.iter().map(|(o, _)| terms_of(o)).collect();
     typed_spans(sub.slot, &text[at..]).into_iter().find(|v| {
         let vt = terms_of(v);
         !unfit(sub, v)
@@ -1193,7 +1196,7 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
             let mut span = if pending { None } else { extract(sub, u) };
             // An update states the old value and the new one: the new one answers.
             if span.is_some() {
-                if let Some(v) = updated_value(sub, &u.text) {
+                if let Some(v) = updated_value(sub, &u.text, &revised[i]) {
                     span = Some(v);
                 }
             }
@@ -1223,7 +1226,7 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
                 }
             }
             // An update that states a value outranks the listing it updates.
-            if span.is_some() && (is_update(&u.text) || is_update(&u.heading)) {
+            if span.is_some() && (marks_update(&u.text, &revised[i]) || is_update(&u.heading)) {
                 score *= UPDATE_BOOST;
             }
             Some(Located {
@@ -3717,18 +3720,18 @@ mod tests {
         assert!(!is_update("Big kiln | 4 May | glaze"));
         // The new value, not the one it came from.
         assert_eq!(
-            updated_value(
-                when,
-                "the rye first booked for 10 March was moved to 17 March"
-            )
+            {
+                let t = "the rye first booked for 10 March was moved to 17 March";
+                updated_value(when, t, &revisions(t))
+            }
             .as_deref(),
             Some("17 March")
         );
         assert_eq!(
-            updated_value(
-                when,
-                "Delivery: 5 May (revised: brought forward from 9 May)"
-            ),
+            {
+                let t = "Delivery: 5 May (revised: brought forward from 9 May)";
+                updated_value(when, t, &revisions(t))
+            },
             None
         );
     }

@@ -821,10 +821,18 @@ impl Agent {
         // card rarely names what its documents hold (a membership secretary's card does
         // not say `M-0417`). A larger swarm is searched: the cards matching the task or one
         // of its sub-questions, and later those matching each follow-up question.
-        let known: Vec<String> = self
+        // Every known card, for the priors of whichever nodes end up probed.
+        let cards: Vec<(String, String)> = self
             .known_cards()
             .into_iter()
-            .map(|k| k.node_id)
+            .map(|k| {
+                let text = format!("{} {}", k.card.description, k.card.skills.join(" "));
+                (k.node_id, text)
+            })
+            .collect();
+        let known: Vec<String> = cards
+            .iter()
+            .map(|(id, _)| id.clone())
             .filter(|id| *id != self.0.me)
             .collect();
         let search_each_probe = known.len() > MAX_PROBED;
@@ -835,15 +843,6 @@ impl Agent {
                 .collect::<Vec<_>>();
             self.add_candidates(&mut candidates, &queries).await;
         }
-        // Every known card, for the priors of whichever nodes end up probed.
-        let cards: Vec<(String, String)> = self
-            .known_cards()
-            .into_iter()
-            .map(|k| {
-                let text = format!("{} {}", k.card.description, k.card.skills.join(" "));
-                (k.node_id, text)
-            })
-            .collect();
         let mut planner = planner.with_cards(cards);
         // The plan asks for at most three rounds of probes; this side only moves them.
         let routed = loop {
@@ -1860,7 +1859,7 @@ fn needs_help(out: &super::executor::TaskOutcome) -> bool {
 }
 
 /// Locks `m`, also when a panic poisoned it (the data is plain state, never half-written).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

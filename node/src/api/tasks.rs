@@ -12,6 +12,8 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::task::{AbortHandle, JoinSet};
 
+use crate::agent::runtime::lock;
+
 /// How many ended tasks are remembered (running ones are always kept).
 pub const REMEMBERED: usize = 1000;
 
@@ -150,16 +152,7 @@ pub struct TaskRunner {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The guarded values are always left consistent (single assignments), so a panic
-    // elsewhere while holding a lock does not make them unsafe to read.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    i64::try_from(starling_discovery::records::now_ms()).unwrap_or(i64::MAX)
 }
 
 impl TaskRunner {
