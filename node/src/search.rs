@@ -23,24 +23,17 @@
 //! found to beat reciprocal rank fusion in and out of domain. The optional prior multiplies
 //! the fused score, so feedback or trust can demote an entry without re-indexing it.
 //!
-//! # Several queries
+//! # Whole texts, chunked when long
 //!
-//! [`HybridIndex::search_many`] answers one request made of several queries (a task's
-//! requirements, one agent each). Each query's fused scores become a softmax distribution
-//! over the entries, so a query with one clear match ranks it above a query's pick among
-//! near-ties, and each query is weighted by its best cosine, so a sentence that asks for
-//! nothing in particular does not crowd out the real requirements ([`MultiQueryOptions`]).
-//!
-//! # Passages
-//!
-//! An entry may have several embeddings, one per passage ([`HybridIndex::insert_passages`],
-//! [`passages`]), and its cosine with a query is its best passage's (late interaction at
-//! sentence level, as in multi-vector retrieval). One embedding of a whole card averages
-//! what the agent does with what it has merely touched and with boilerplate ("Available
-//! around the clock"), so a request for the agent's speciality matches the average less
-//! well than the sentence that states it. On the 1,200-card team-formation benchmark, one
-//! vector per card sentence instead of one per card raised the MRR of gold agents from 44%
-//! to 53% (`benches/team_formation`).
+//! An entry may have several embeddings ([`HybridIndex::insert_passages`]), and its cosine
+//! with a query is its best one's. Cards and memories are embedded as whole texts, split into
+//! [`chunks`] of consecutive sentences only when a text is longer than the embedding model
+//! reads well, and a query is embedded whole too. On team-formation data written
+//! independently of this code (the dev split in `../shared/eval` and
+//! `benches/team_formation/blind.jsonl`), one vector per card and per task beat one per
+//! sentence on both sides by 5 to 8 points of MRR: a task's sentences are not one
+//! requirement each, and a card's sentences are read best together (see
+//! `benches/team_formation/README.md`).
 //!
 //! # Vector storage
 //!
@@ -286,16 +279,39 @@ pub fn split_sentences(text: &str) -> Vec<String> {
     out
 }
 
-/// The passages of `text` to embed one by one for [`HybridIndex::insert_passages`]: its
-/// sentences, with consecutive sentences joined evenly when there are more than `max`
-/// (at least 1). A text with no sentence gives itself, trimmed, as its one passage.
-pub fn passages(text: &str, max: usize) -> Vec<String> {
-    let sentences = split_sentences(text);
-    if sentences.is_empty() {
-        return vec![text.trim().to_owned()];
+/// Words of one chunk ([`chunks`]): all-MiniLM-L6-v2 was trained on texts of at most 128
+/// word pieces, about 100 English words, and truncates at 256.
+pub const CHUNK_WORDS: usize = 120;
+
+/// The texts to embed for one entry ([`HybridIndex::insert_passages`]): `text` itself when it
+/// has at most `max_words` words, else runs of consecutive sentences of at most `max_words`
+/// words each (a longer sentence is a chunk of its own), at most [`MAX_PASSAGES`] of them
+/// (the last one takes the rest). A text with no words gives itself, trimmed.
+pub fn chunks(text: &str, max_words: usize) -> Vec<String> {
+    let text = text.trim();
+    let words = |s: &str| s.split_whitespace().count();
+    if words(text) <= max_words.max(1) {
+        return vec![text.to_owned()];
     }
-    let per = sentences.len().div_ceil(max.max(1));
-    sentences.chunks(per).map(|c| c.join(" ")).collect()
+    let mut out: Vec<String> = Vec::new();
+    let mut current = String::new();
+    let mut count = 0;
+    for sentence in split_sentences(text) {
+        let n = words(&sentence);
+        if count > 0 && count + n > max_words && out.len() + 1 < MAX_PASSAGES {
+            out.push(std::mem::take(&mut current));
+            count = 0;
+        }
+        if count > 0 {
+            current.push(' ');
+        }
+        current.push_str(&sentence);
+        count += n;
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
 }
 
 /// BM25 parameters.
@@ -836,100 +852,6 @@ impl HybridIndex {
             }
         }
     }
-
-    /// Searches several queries at once (e.g. the requirements of one task) and merges the
-    /// results; see [`MultiQueryOptions`] for how. Each query is scored against every entry
-    /// (as [`HybridIndex::search`] with `opts.fusion`); an entry's merged score is its best
-    /// over the queries of `ln p_q(entry) + confidence_power x ln c_q`, where `p_q` is the
-    /// softmax of the query's fused scores and `c_q` the best cosine any entry reaches for
-    /// the query (1 for a text-only query). [`Hit::score`] is that merged score (a
-    /// log-probability, so at most about 0; higher is better); `bm25`/`cosine` are those of
-    /// the winning query.
-    pub fn search_many(
-        &self,
-        queries: &[(&str, &[f32])],
-        k: usize,
-        opts: &MultiQueryOptions,
-    ) -> Vec<Hit> {
-        let n = self.len();
-        if k == 0 || n == 0 {
-            return Vec::new();
-        }
-        let mut best: HashMap<u64, Hit> = HashMap::new();
-        for (text, embedding) in queries {
-            let hits = self.search(text, embedding, n, &opts.fusion);
-            let confidence = if embedding.len() != self.dim {
-                // Text only (see `search`).
-                1.0
-            } else {
-                hits.iter().map(|h| h.cosine).fold(0.0f32, f32::max)
-            };
-            if confidence <= 0.0 {
-                // Nothing resembles this query: it says nothing about any entry.
-                continue;
-            }
-            let weight = opts.confidence_power * confidence.ln();
-            // Log-sum-exp of the sharpened scores, shifted by the maximum (hits are sorted).
-            let top = hits.first().map_or(0.0, |h| h.score) * opts.sharpness;
-            let log_z = top
-                + hits
-                    .iter()
-                    .map(|h| (h.score * opts.sharpness - top).exp())
-                    .sum::<f32>()
-                    .ln();
-            for mut hit in hits {
-                hit.score = hit.score * opts.sharpness - log_z + weight;
-                match best.get(&hit.key) {
-                    Some(b) if b.score >= hit.score => {}
-                    _ => {
-                        best.insert(hit.key, hit);
-                    }
-                }
-            }
-        }
-        let mut merged: Vec<Hit> = best.into_values().collect();
-        merged.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.key.cmp(&b.key)));
-        merged.truncate(k);
-        merged
-    }
-}
-
-/// How [`HybridIndex::search_many`] merges the results of several queries, e.g. one per
-/// requirement of a task that needs a team.
-///
-/// Max-normalised fusion gives every query's best entry the same score, whether it is the
-/// clear winner or one of ten near-ties, so merging by the best fused score interleaves a
-/// confident query's winner with a coin flip of an ambiguous one. Instead, each query's fused
-/// scores become a distribution over the entries, `p_q = softmax(sharpness x score)`: a query
-/// with one clear match gives it most of the mass, an ambiguous one spreads it. Each query
-/// is also weighted by how well it matches anything at all (`c_q^confidence_power`, with
-/// `c_q` its best cosine), so a sentence that asks for nothing ("we have a deadline") does
-/// not put its nearest entries ahead of real requirements.
-#[derive(Debug, Clone, Copy)]
-pub struct MultiQueryOptions<'a> {
-    /// Fusion of each query's signals (default: 0.9 x cosine + 0.1 x BM25, max-normalised).
-    pub fusion: HybridOptions<'a>,
-    /// Inverse temperature of the per-query softmax (default 20). Fused scores lie in
-    /// `[0, 1]` like cosines, and 20 is the similarity scale that sentence-transformers'
-    /// contrastive training (all-MiniLM-L6-v2 among others) uses.
-    pub sharpness: f32,
-    /// Exponent of the query's best cosine in its weight (default 2; 0 weighs all queries
-    /// alike).
-    pub confidence_power: f32,
-}
-
-impl Default for MultiQueryOptions<'_> {
-    fn default() -> Self {
-        Self {
-            fusion: HybridOptions {
-                semantic_weight: 0.9,
-                lexical_weight: 0.1,
-                prior: None,
-            },
-            sharpness: 20.0,
-            confidence_power: 2.0,
-        }
-    }
 }
 
 /// L2-normalises `v` in place; false if it is not finite or is zero.
@@ -1156,57 +1078,6 @@ mod tests {
     }
 
     #[test]
-    fn search_many_finds_one_entry_per_query() {
-        let mut idx = HybridIndex::new(3);
-        idx.insert(1, "alpha", vec![1.0, 0.0, 0.0]).unwrap();
-        idx.insert(2, "beta", vec![0.0, 1.0, 0.0]).unwrap();
-        idx.insert(3, "gamma", vec![0.7, 0.7, 0.0]).unwrap();
-        let (qa, qb) = ([1.0, 0.0, 0.0], [0.0, 1.0, 0.0]);
-        let opts = MultiQueryOptions::default();
-        // One query halfway between finds the blend first; two precise queries find both.
-        let blend = idx.search("", &[0.7, 0.7, 0.0], 3, &HybridOptions::default());
-        assert_eq!(blend[0].key, 3);
-        let hits = idx.search_many(&[("", &qa), ("", &qb)], 2, &opts);
-        let mut keys: Vec<u64> = hits.iter().map(|h| h.key).collect();
-        keys.sort_unstable();
-        assert_eq!(keys, vec![1, 2]);
-        assert!(hits.iter().all(|h| h.score <= 0.0));
-        // A vague query (weak best cosine) does not outrank a precise one.
-        let vague = [0.2, 0.0, 1.0];
-        let hits = idx.search_many(&[("", &vague), ("", &qb)], 1, &opts);
-        assert_eq!(hits[0].key, 2);
-        // Text-only queries are merged too.
-        let hits = idx.search_many(&[("gamma", &[]), ("beta", &[])], 2, &opts);
-        let mut keys: Vec<u64> = hits.iter().map(|h| h.key).collect();
-        keys.sort_unstable();
-        assert_eq!(keys, vec![2, 3]);
-    }
-
-    #[test]
-    fn search_many_puts_a_clear_match_before_a_near_tie() {
-        // Query `qa` has two near-identical matches (1 and 2), query `qb` one clear match
-        // (3). Max-normalised, 1 and 3 both score 1 and the lower key would win; calibrated
-        // per query, the clear match comes first and the near-tie after.
-        let mut idx = HybridIndex::new(3);
-        idx.insert(1, "", vec![1.0, 0.0, 0.05]).unwrap();
-        idx.insert(2, "", vec![1.0, 0.0, -0.05]).unwrap();
-        idx.insert(3, "", vec![0.0, 1.0, 0.0]).unwrap();
-        let (qa, qb) = ([1.0, 0.0, 0.0], [0.0, 1.0, 0.0]);
-        let sharp = MultiQueryOptions::default();
-        let hits = idx.search_many(&[("", &qa), ("", &qb)], 3, &sharp);
-        assert_eq!(hits[0].key, 3, "{hits:?}");
-        // With no sharpening every entry of a query is equally likely: no winner stands out.
-        let flat = MultiQueryOptions {
-            sharpness: 0.0,
-            ..MultiQueryOptions::default()
-        };
-        let hits = idx.search_many(&[("", &qa), ("", &qb)], 3, &flat);
-        assert!(hits
-            .windows(2)
-            .all(|w| (w[0].score - w[1].score).abs() < 1e-5));
-    }
-
-    #[test]
     fn top_k_keeps_the_best_in_order() {
         let items = [(0.5, 0), (2.0, 1), (f32::NAN, 2), (1.0, 3), (2.0, 4)];
         assert_eq!(
@@ -1260,7 +1131,7 @@ mod tests {
     }
 
     #[test]
-    fn sentences_and_passages() {
+    fn sentences_and_chunks() {
         assert_eq!(
             split_sentences("We need help. First, fix v1.2 now; then ship it!  Done?"),
             vec![
@@ -1271,9 +1142,19 @@ mod tests {
         );
         assert_eq!(split_sentences("no full stop"), vec!["no full stop"]);
         assert!(split_sentences(" . ; ").is_empty());
-        assert_eq!(passages("A b. C d. E f.", 8), vec!["A b.", "C d.", "E f."]);
-        assert_eq!(passages("A. B. C. D. E.", 2), vec!["A. B. C.", "D. E."]);
-        assert_eq!(passages(" ... ", 4), vec!["..."]);
+        // A short text is one chunk, whole.
+        assert_eq!(chunks(" A b. C d. E f. ", 8), vec!["A b. C d. E f."]);
+        // A long one is cut between sentences, each chunk within the word limit.
+        assert_eq!(
+            chunks("A b. C d. E f. G h i j k.", 4),
+            vec!["A b. C d.", "E f.", "G h i j k."]
+        );
+        assert_eq!(chunks(" ... ", 4), vec!["..."]);
+        // Never more chunks than an entry may have embeddings.
+        let long = "Word word. ".repeat(MAX_PASSAGES * 3);
+        let c = chunks(&long, 2);
+        assert_eq!(c.len(), MAX_PASSAGES);
+        assert_eq!(c.join(" ").split_whitespace().count(), MAX_PASSAGES * 3 * 2);
     }
 
     #[test]

@@ -28,9 +28,7 @@ use serde::Serialize;
 use super::{AgentRecord, TaskRecord};
 use crate::agent::card::AgentCard;
 use crate::config::AgentKind;
-use crate::search::{
-    split_sentences, Bm25Index, Hit, HybridIndex, HybridOptions, MultiQueryOptions, SearchError,
-};
+use crate::search::{Hit, HybridIndex, HybridOptions, SearchError};
 
 /// Why a benchmark file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -194,11 +192,9 @@ pub fn agent_card(agent: &AgentRecord) -> AgentCard {
     }
 }
 
-/// The passages of a card that get embedded, one vector each, as a node embeds a card
-/// ([`AgentCard::passages`]): the sentences of its description, i.e. what the agent does.
-/// The name is an identifier and the type a kind of agent, not a capability; in the
-/// embedding they only pull together cards that happen to share a type or similar-sounding
-/// names.
+/// The texts of a card that get embedded, one vector each, as a node embeds a card
+/// ([`AgentCard::passages`]): its whole description (chunked when long), i.e. what the
+/// agent does. The name is an identifier and the type a kind of agent, not a capability.
 pub fn card_passages(agent: &AgentRecord) -> Vec<String> {
     agent_card(agent).passages()
 }
@@ -304,68 +300,58 @@ where
     }
 }
 
-/// Splits a task description into its requirements, one search query each: its sentences
-/// ([`split_sentences`]). A team needs one agent per requirement, and one embedding of a
-/// four-requirement text matches none of them well.
-pub fn split_requirements(text: &str) -> Vec<String> {
-    split_sentences(text)
-}
-
-/// How [`evaluate_retrieval`] searches (defaults: [`MultiQueryOptions::default`]).
+/// How [`evaluate_retrieval`] searches (default: the node's card search).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetrievalConfig {
-    /// Weight of the max-normalised cosine in each query's hybrid score.
+    /// Weight of the max-normalised cosine in the fused score.
     pub semantic_weight: f32,
-    /// Weight of the max-normalised BM25 score in each query's hybrid score.
+    /// Weight of the max-normalised BM25 score in the fused score.
     pub lexical_weight: f32,
-    /// Inverse temperature of each query's softmax over its hybrid scores.
-    pub sharpness: f32,
-    /// Exponent of a query's best cosine in its weight when queries are merged.
-    pub confidence_power: f32,
+    /// The constant `k` of reciprocal rank fusion (the `rrf` row), 60 as in Cormack et al.
+    pub rrf_k: f32,
     /// Candidates retrieved per task; `None` ranks the whole registry.
     pub depth: Option<usize>,
 }
 
 impl Default for RetrievalConfig {
     fn default() -> Self {
-        let o = MultiQueryOptions::default();
+        let o = crate::agent::card::card_fusion();
         Self {
-            semantic_weight: o.fusion.semantic_weight,
-            lexical_weight: o.fusion.lexical_weight,
-            sharpness: o.sharpness,
-            confidence_power: o.confidence_power,
+            semantic_weight: o.semantic_weight,
+            lexical_weight: o.lexical_weight,
+            rrf_k: 60.0,
             depth: None,
         }
     }
 }
 
-/// Results of [`evaluate_retrieval`].
+/// Results of [`evaluate_retrieval`]: one row per stage of the search.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RetrievalReport {
     /// Agents in the registry.
     pub agents: usize,
-    /// The node's hybrid search (BM25 + cosine, fused).
-    pub hybrid: Metrics,
-    /// BM25 alone.
+    /// BM25 alone (the keyword candidates).
     pub bm25: Metrics,
-    /// Embedding cosine alone.
-    pub semantic: Metrics,
-    /// Time to build the hybrid index (embeddings given), in milliseconds.
+    /// Embedding cosine alone (the dense candidates).
+    pub dense: Metrics,
+    /// Reciprocal rank fusion of the two, `1 / (k + rank)` summed (shown for comparison).
+    pub rrf: Metrics,
+    /// The node's search: max-normalised scores fused linearly ([`crate::search`]).
+    pub fused: Metrics,
+    /// Time to build the index (embeddings given), in milliseconds.
     pub index_ms: f64,
-    /// Median time of one hybrid query (embedding given), in milliseconds.
+    /// Median time of one fused query over the registry (embedding given), in milliseconds.
     pub query_p50_ms: f64,
 }
 
-/// Indexes every card ([`card_index_text`] for BM25, the embeddings `card_vectors[i]` of
-/// the [`card_passages`] of `dataset.registry[i]`) and scores the hybrid search, BM25 alone and the
-/// cosine alone. The queries of task `i` are its [`split_requirements`], with embeddings
-/// `query_vectors[i]` (one per requirement); the hybrid and the cosine merge them with
-/// [`HybridIndex::search_many`] (per-query softmax, weighted by how well each query matches
-/// anything), BM25 alone by the best raw score per agent.
+/// Indexes every card ([`card_index_text`] for BM25, the embeddings `card_vectors[i]` of the
+/// [`card_passages`] of `dataset.registry[i]`) and scores each stage of the node's card search:
+/// BM25 alone, the cosine alone, reciprocal rank fusion and the node's fused score. Each
+/// task is one query, its whole description, with embedding `query_vectors[i]`.
 pub fn evaluate_retrieval(
     dataset: &Dataset,
     card_vectors: &[Vec<Vec<f32>>],
-    query_vectors: &[Vec<Vec<f32>>],
+    query_vectors: &[Vec<f32>],
     config: &RetrievalConfig,
 ) -> Result<RetrievalReport, EvalError> {
     let n = dataset.registry.len();
@@ -373,94 +359,58 @@ pub fn evaluate_retrieval(
         .first()
         .and_then(|p| p.first())
         .map_or(0, Vec::len);
-    let queries: Vec<Vec<String>> = dataset
-        .tasks
-        .iter()
-        .map(|t| split_requirements(&t.description))
-        .collect();
-    let wanted: usize = queries.iter().map(Vec::len).sum();
-    let given: usize = query_vectors.iter().map(Vec::len).sum();
-    if card_vectors.len() != n
-        || query_vectors.len() != queries.len()
-        || queries
-            .iter()
-            .zip(query_vectors)
-            .any(|(q, v)| q.len() != v.len())
-    {
+    if card_vectors.len() != n || query_vectors.len() != dataset.tasks.len() {
         return Err(EvalError::VectorCount {
-            expected: n + wanted,
-            got: card_vectors.len() + given,
+            expected: n + dataset.tasks.len(),
+            got: card_vectors.len() + query_vectors.len(),
         });
     }
     let start = std::time::Instant::now();
-    let mut hybrid = HybridIndex::new(dim);
-    let mut bm25 = Bm25Index::new();
+    let mut index = HybridIndex::new(dim);
     for (i, (agent, v)) in dataset.registry.iter().zip(card_vectors).enumerate() {
-        let text = card_index_text(agent);
-        hybrid.insert_passages(i as u64, &text, v.clone())?;
-        bm25.insert(i as u64, &text);
+        index.insert_passages(i as u64, &card_index_text(agent), v.clone())?;
     }
     let index_ms = start.elapsed().as_secs_f64() * 1e3;
     let k = config.depth.unwrap_or(n).min(n);
-    let task_queries = |i: usize| -> Vec<(&str, &[f32])> {
-        queries[i]
-            .iter()
-            .zip(&query_vectors[i])
-            .map(|(q, v)| (q.as_str(), v.as_slice()))
-            .collect()
-    };
     let keys = |hits: Vec<Hit>| hits.into_iter().map(|h| h.key as usize).collect::<Vec<_>>();
-
-    let opts = MultiQueryOptions {
-        fusion: HybridOptions {
-            semantic_weight: config.semantic_weight,
-            lexical_weight: config.lexical_weight,
-            prior: None,
-        },
-        sharpness: config.sharpness,
-        confidence_power: config.confidence_power,
+    let weights = |semantic_weight, lexical_weight| HybridOptions {
+        semantic_weight,
+        lexical_weight,
+        prior: None,
     };
+    let fused_opts = weights(config.semantic_weight, config.lexical_weight);
     let mut times = Vec::with_capacity(dataset.tasks.len());
-    let hybrid_metrics = evaluate_rankings(dataset, |i, _| {
-        let q = task_queries(i);
+    let fused = evaluate_rankings(dataset, |i, t| {
         let start = std::time::Instant::now();
-        let hits = hybrid.search_many(&q, k, &opts);
-        times.push(start.elapsed().as_secs_f64() * 1e3 / q.len().max(1) as f64);
+        let hits = index.search(&t.description, &query_vectors[i], k, &fused_opts);
+        times.push(start.elapsed().as_secs_f64() * 1e3);
         keys(hits)
     });
-    let semantic_only = MultiQueryOptions {
-        fusion: HybridOptions {
-            semantic_weight: 1.0,
-            lexical_weight: 0.0,
-            prior: None,
-        },
-        ..opts
-    };
-    let semantic = evaluate_rankings(dataset, |i, _| {
-        keys(hybrid.search_many(&task_queries(i), k, &semantic_only))
+    let dense = evaluate_rankings(dataset, |i, t| {
+        keys(index.search(&t.description, &query_vectors[i], k, &weights(1.0, 0.0)))
     });
-    let bm25_metrics = evaluate_rankings(dataset, |i, _| {
-        let mut best: HashMap<u64, f32> = HashMap::new();
-        for q in &queries[i] {
-            for (key, score) in bm25.search(q, k) {
-                let b = best.entry(key).or_insert(0.0);
-                *b = b.max(score);
+    let bm25 = evaluate_rankings(dataset, |i, t| {
+        keys(index.search(&t.description, &query_vectors[i], k, &weights(0.0, 1.0)))
+    });
+    let rrf = evaluate_rankings(dataset, |i, t| {
+        let mut score: HashMap<usize, f32> = HashMap::new();
+        for w in [weights(1.0, 0.0), weights(0.0, 1.0)] {
+            let ranked = keys(index.search(&t.description, &query_vectors[i], n, &w));
+            for (rank, key) in ranked.into_iter().enumerate() {
+                *score.entry(key).or_default() += 1.0 / (config.rrf_k + rank as f32 + 1.0);
             }
         }
-        let mut ranked: Vec<(u64, f32)> = best.into_iter().collect();
+        let mut ranked: Vec<(usize, f32)> = score.into_iter().collect();
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        ranked
-            .into_iter()
-            .take(k)
-            .map(|(key, _)| key as usize)
-            .collect()
+        ranked.into_iter().take(k).map(|(key, _)| key).collect()
     });
     times.sort_by(f64::total_cmp);
     Ok(RetrievalReport {
         agents: n,
-        hybrid: hybrid_metrics,
-        bm25: bm25_metrics,
-        semantic,
+        bm25,
+        dense,
+        rrf,
+        fused,
         index_ms,
         query_p50_ms: times.get(times.len() / 2).copied().unwrap_or(0.0),
     })

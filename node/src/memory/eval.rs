@@ -1,6 +1,8 @@
-//! Offline retrieval evaluation (`starling eval memory`): Recall@1, Recall@3 and MRR of the
-//! memory book's real ranking and of BM25 alone, optionally before and after one simulated
-//! round of usage feedback.
+//! Offline retrieval evaluation (`starling eval memory`): Recall@1, Recall@3 and MRR of each
+//! stage of the memory book's real ranking (BM25 alone, the embeddings alone, reciprocal rank
+//! fusion of the two for comparison, the book's fused relevance, and that times the prior),
+//! the latency of a top-3 search with its query embedding, and optionally the ranking before
+//! and after one simulated round of usage feedback.
 //!
 //! Files are JSON Lines. Memories: `{"id", "domain", "prompt", "answer"}`. Queries:
 //! `{"query", "domain", "relevant": [ids]}`.
@@ -23,11 +25,13 @@ use starling_models::embed::EmbedHandle;
 
 use super::book::{BookConfig, BookError, Inserted, MemoryBook};
 use super::record::{validate_domain, Memory, MAX_SCORE};
-use crate::search::Bm25Index;
 use crate::store::Store;
 
 /// Depth of the ranking used for MRR.
 const DEPTH: usize = 10;
+
+/// The constant `k` of reciprocal rank fusion, 60 as in Cormack et al.
+const RRF_K: f64 = 60.0;
 
 /// One memory of an evaluation file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,6 +182,15 @@ pub struct FeedbackReport {
     pub bm25: Metrics,
 }
 
+/// One stage of the ranking, scored on all queries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stage {
+    /// What the stage ranks by.
+    pub name: String,
+    /// Its metrics.
+    pub metrics: Metrics,
+}
+
 /// Result of an evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryEvalReport {
@@ -191,6 +204,10 @@ pub struct MemoryEvalReport {
     pub hybrid: Metrics,
     /// BM25 alone on all queries.
     pub bm25: Metrics,
+    /// Every stage of the ranking on all queries, the node's last.
+    pub stages: Vec<Stage>,
+    /// Median time of one top-3 search, embedding the query included, in milliseconds.
+    pub top3_p50_ms: f64,
     /// The feedback simulation, when asked for.
     pub feedback: Option<FeedbackReport>,
 }
@@ -256,25 +273,6 @@ pub async fn evaluate(
         .filter(|o| matches!(o, Inserted::Added(_)))
         .count();
 
-    let mut bm25: HashMap<&str, Bm25Index> = HashMap::new();
-    let mut keys: Vec<&str> = Vec::with_capacity(memories.len());
-    for (i, m) in memories.iter().enumerate() {
-        bm25.entry(m.domain.as_str())
-            .or_default()
-            .insert(i as u64, &m.prompt);
-        keys.push(&m.id);
-    }
-    let bm25_rank = |q: &EvalQuery| -> Vec<String> {
-        bm25.get(q.domain.as_str())
-            .map(|idx| {
-                idx.search(&q.query, DEPTH)
-                    .into_iter()
-                    .map(|(k, _)| keys[k as usize].to_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-
     let mut embeddings = Vec::with_capacity(queries.len());
     for chunk in queries.chunks(64) {
         embeddings.extend(
@@ -282,20 +280,61 @@ pub async fn evaluate(
                 .await?,
         );
     }
-    let hybrid_rank = |i: usize| -> Vec<String> {
+    // (semantic, lexical) weights and whether the prior counts; `None` = the book's own.
+    let rank = |i: usize, weights: Option<(f32, f32)>, with_prior: bool| -> Vec<String> {
         let q = &queries[i];
-        book.top_k_embedded(&q.domain, &q.query, &embeddings[i], DEPTH)
-            .into_iter()
-            .map(|h| h.memory.id)
-            .collect()
+        book.ranked(
+            &q.domain,
+            &q.query,
+            &embeddings[i],
+            DEPTH,
+            with_prior,
+            weights,
+        )
+        .into_iter()
+        .map(|h| h.memory.id)
+        .collect()
     };
-
+    let hybrid_rank = |i: usize| rank(i, None, true);
+    let bm25_rank = |i: usize| rank(i, Some((0.0, 1.0)), false);
+    let dense_rank = |i: usize| rank(i, Some((1.0, 0.0)), false);
+    let rrf_rank = |i: usize| {
+        let mut score: HashMap<String, f64> = HashMap::new();
+        for list in [bm25_rank(i), dense_rank(i)] {
+            for (r, id) in list.into_iter().enumerate() {
+                *score.entry(id).or_default() += 1.0 / (RRF_K + r as f64 + 1.0);
+            }
+        }
+        let mut ranked: Vec<(String, f64)> = score.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked.into_iter().map(|(id, _)| id).collect()
+    };
+    let n = queries.len();
     let all: Vec<&EvalQuery> = queries.iter().collect();
-    let hybrid = Metrics::of(
-        &(0..queries.len()).map(hybrid_rank).collect::<Vec<_>>(),
-        &all,
-    );
-    let bm25_all = Metrics::of(&queries.iter().map(bm25_rank).collect::<Vec<_>>(), &all);
+    let score =
+        |f: &dyn Fn(usize) -> Vec<String>| Metrics::of(&(0..n).map(f).collect::<Vec<_>>(), &all);
+    let stage = |name: &str, metrics: Metrics| Stage {
+        name: name.to_owned(),
+        metrics,
+    };
+    let bm25_all = score(&bm25_rank);
+    let stages = vec![
+        stage("BM25 (prompt + answer)", bm25_all),
+        stage("dense (prompt, whole)", score(&dense_rank)),
+        stage("RRF of the two", score(&rrf_rank)),
+        stage("fused", score(&|i| rank(i, None, false))),
+        stage("node (fused x prior)", score(&hybrid_rank)),
+    ];
+    let mut times = Vec::with_capacity(n);
+    for q in queries {
+        let start = std::time::Instant::now();
+        book.top_k(&q.domain, &q.query, 3).await?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let top3_p50_ms = times.get(n / 2).copied().unwrap_or(0.0);
+
+    let hybrid = score(&hybrid_rank);
 
     let feedback = if with_feedback {
         let train: Vec<usize> = (0..queries.len()).step_by(2).collect();
@@ -324,10 +363,7 @@ pub async fn evaluate(
             &test_q,
         );
         let bm25 = Metrics::of(
-            &test
-                .iter()
-                .map(|&i| bm25_rank(&queries[i]))
-                .collect::<Vec<_>>(),
+            &test.iter().map(|&i| bm25_rank(i)).collect::<Vec<_>>(),
             &test_q,
         );
         Some(FeedbackReport {
@@ -346,6 +382,8 @@ pub async fn evaluate(
         embed_model,
         hybrid,
         bm25: bm25_all,
+        stages,
+        top3_p50_ms,
         feedback,
     })
 }
@@ -370,8 +408,13 @@ pub fn render(r: &MemoryEvalReport) -> String {
         "Recall@3",
         "MRR"
     );
-    s += &row("node (hybrid + prior)", &r.hybrid);
-    s += &row("BM25 alone", &r.bm25);
+    for st in &r.stages {
+        s += &row(&st.name, &st.metrics);
+    }
+    s += &format!(
+        "top-3 search p50 {:.2} ms, embedding the query included\n",
+        r.top3_p50_ms
+    );
     if let Some(f) = &r.feedback {
         s += &format!(
             "\nfeedback: {} training queries gave {} helpful / {} unhelpful reports; held-out half:\n",
