@@ -2,12 +2,13 @@
 //! <= 20 ms p50). Run: `cargo bench -p starling-node --bench memory_retrieval`
 //! (optimised build; `-- --memories N --queries Q` to change the sizes).
 //!
-//! The memories are synthetic: unit embeddings of the real model's dimension (384) and
+//! The memories are synthetic: two random unit embeddings each (prompt and whole text, as
+//! the book indexes them) of the real model's dimension (384) and
 //! prompts of 8 words drawn from a 30-word list, so that almost every memory shares terms
 //! with every query (a worst case for the BM25 side). 50 authors, one domain. Timed: the
 //! whole ranking of [`MemoryBook::top_k_embedded`] (BM25 + cosine fusion, priors, the
-//! per-author cap) with the query vector given; the real embedding model's time for one
-//! query is measured and printed separately.
+//! per-author cap) with the query vector given, and end to end: the query embedded by the
+//! real model, then ranked (the issue's target).
 
 #![allow(clippy::unwrap_used)]
 
@@ -74,6 +75,7 @@ async fn run(n: usize, queries: usize) {
             .map(|_| words[rng.gen_range(0..words.len())])
             .collect();
         let v: Vec<f32> = (0..DIM).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let w: Vec<f32> = (0..DIM).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         items.push((
             Memory {
                 id: format!("m{i}"),
@@ -88,11 +90,12 @@ async fn run(n: usize, queries: usize) {
                 unhelpful: 0,
             },
             Some(v),
+            Some(w),
         ));
     }
     let t = Instant::now();
     for chunk in items.chunks(10_000) {
-        book.insert_many(chunk.to_vec()).await.unwrap();
+        book.insert_many_with(chunk.to_vec()).await.unwrap();
     }
     println!("indexed {n} memories in {:.1} s", t.elapsed().as_secs_f64());
     assert_eq!(book.len(), n);
@@ -109,28 +112,29 @@ async fn run(n: usize, queries: usize) {
         assert_eq!(hits.len(), 3);
     }
     times.sort_by(f64::total_cmp);
-    let mut embed = Vec::new();
-    for q in [
-        "how do I boil rice in the oven",
-        "format a date in python",
-        "tax on a loan",
-    ] {
+    // End to end, as a node answers: the query embedded by the real model, then ranked.
+    let mut end_to_end = Vec::new();
+    for _ in 0..queries.min(50) {
+        let text: Vec<&str> = (0..6)
+            .map(|_| words[rng.gen_range(0..words.len())])
+            .collect();
+        let q = format!("how do I {}", text.join(" "));
         let t = Instant::now();
-        let hits = book.top_k("general", q, 3).await.unwrap();
-        embed.push(t.elapsed().as_secs_f64() * 1000.0);
+        let hits = book.top_k("general", &q, 3).await.unwrap();
+        end_to_end.push(t.elapsed().as_secs_f64() * 1000.0);
         assert_eq!(hits.len(), 3);
     }
-    embed.sort_by(f64::total_cmp);
+    end_to_end.sort_by(f64::total_cmp);
     println!(
-        "top-3 over {n} memories, {queries} queries: p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms \
-         (target p50 <= 20 ms)",
+        "top-3 over {n} memories, {queries} queries, ranking only: p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms",
         percentile(&times, 50),
         percentile(&times, 95),
         percentile(&times, 99),
     );
     println!(
-        "with the query embedded by the real model (all-MiniLM-L6-v2): median {:.2} ms over {} queries",
-        embed[embed.len() / 2],
-        embed.len()
+        "end to end (query embedded by all-MiniLM-L6-v2, then ranked), {} queries: p50 {:.2} ms, p95 {:.2} ms (target p50 <= 20 ms)",
+        end_to_end.len(),
+        percentile(&end_to_end, 50),
+        percentile(&end_to_end, 95),
     );
 }

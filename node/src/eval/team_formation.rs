@@ -342,6 +342,9 @@ pub struct RetrievalReport {
     pub index_ms: f64,
     /// Median time of one fused query over the registry (embedding given), in milliseconds.
     pub query_p50_ms: f64,
+    /// Median time to embed one task description alone (batch of one, as a node embeds a
+    /// query), in milliseconds; 0 when not measured.
+    pub embed_p50_ms: f64,
 }
 
 /// Indexes every card ([`card_index_text`] for BM25, the embeddings `card_vectors[i]` of the
@@ -413,6 +416,7 @@ pub fn evaluate_retrieval(
         fused,
         index_ms,
         query_p50_ms: times.get(times.len() / 2).copied().unwrap_or(0.0),
+        embed_p50_ms: 0.0,
     })
 }
 

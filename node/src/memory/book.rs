@@ -645,11 +645,21 @@ impl MemoryBook {
         &self,
         items: Vec<(Memory, Option<Vec<f32>>)>,
     ) -> Result<Vec<Inserted>, BookError> {
+        self.insert_many_with(items.into_iter().map(|(m, e)| (m, e, None)).collect())
+            .await
+    }
+
+    /// [`MemoryBook::insert_many`] with each memory's embeddings of its prompt and of its
+    /// [`whole_text`], where known (computed here when `None`).
+    pub async fn insert_many_with(
+        &self,
+        items: Vec<(Memory, Option<Vec<f32>>, Option<Vec<f32>>)>,
+    ) -> Result<Vec<Inserted>, BookError> {
         let mut out: Vec<Option<Inserted>> = vec![None; items.len()];
-        let mut todo: Vec<(usize, Memory, Option<Vec<f32>>)> = Vec::new();
+        let mut todo: Vec<(usize, Memory, Option<Vec<f32>>, Option<Vec<f32>>)> = Vec::new();
         {
             let st = self.read();
-            for (i, (m, e)) in items.into_iter().enumerate() {
+            for (i, (m, e, w)) in items.into_iter().enumerate() {
                 if st.keys.contains_key(&m.id) {
                     out[i] = Some(Inserted::Known(m.id));
                 } else if st.forgotten.contains(&m.id)
@@ -658,37 +668,39 @@ impl MemoryBook {
                 {
                     out[i] = Some(Inserted::Ignored);
                 } else {
-                    todo.push((i, m, e));
+                    todo.push((i, m, e, w));
                 }
             }
         }
-        // Every memory needs its whole text embedded; the prompt only when not given.
-        let mut wholes: Vec<Vec<f32>> = Vec::with_capacity(todo.len());
+        // Embeds what is not given: prompts, then whole texts, in batches.
         for chunk in todo.chunks_mut(EMBED_BATCH) {
-            let mut texts: Vec<String> = chunk
-                .iter()
-                .map(|(_, m, _)| whole_text(&m.prompt, &m.answer))
-                .collect();
-            let need: Vec<usize> = (0..chunk.len()).filter(|&j| chunk[j].2.is_none()).collect();
-            texts.extend(need.iter().map(|&j| chunk[j].1.prompt.clone()));
-            let mut vs = self.embed(texts).await?;
-            if vs.len() == chunk.len() + need.len() {
-                for (&j, v) in need.iter().zip(vs.split_off(chunk.len())) {
-                    chunk[j].2 = Some(v);
-                }
-                wholes.extend(vs);
-            } else {
-                // No embedder: no vectors.
-                wholes.extend(std::iter::repeat_n(Vec::new(), chunk.len()));
+            let prompts: Vec<usize> = (0..chunk.len()).filter(|&j| chunk[j].2.is_none()).collect();
+            let wholes: Vec<usize> = (0..chunk.len()).filter(|&j| chunk[j].3.is_none()).collect();
+            let mut texts: Vec<String> =
+                prompts.iter().map(|&j| chunk[j].1.prompt.clone()).collect();
+            texts.extend(
+                wholes
+                    .iter()
+                    .map(|&j| whole_text(&chunk[j].1.prompt, &chunk[j].1.answer)),
+            );
+            if texts.is_empty() {
+                continue;
+            }
+            let mut vs = self.embed(texts).await?.into_iter();
+            for &j in &prompts {
+                chunk[j].2 = Some(vs.next().unwrap_or_default());
+            }
+            for &j in &wholes {
+                chunk[j].3 = Some(vs.next().unwrap_or_default());
             }
         }
         let model = self.model_id();
         let mut writes = Vec::new();
         {
             let mut st = self.write();
-            for ((i, m, e), whole) in todo.into_iter().zip(wholes) {
+            for (i, m, e, w) in todo {
                 let emb = e.and_then(unit).unwrap_or_default();
-                let whole = unit(whole).unwrap_or_default();
+                let whole = w.and_then(unit).unwrap_or_default();
                 if st.keys.contains_key(&m.id) {
                     out[i] = Some(Inserted::Known(m.id));
                     continue;
