@@ -160,6 +160,9 @@ fn index_text(m: &Memory) -> String {
     whole_text(&m.prompt, &m.answer)
 }
 
+/// A memory with its embeddings of its prompt and of its [`whole_text`], where known.
+pub type WithVectors = (Memory, Option<Vec<f32>>, Option<Vec<f32>>);
+
 /// A memory's two unit embeddings (each empty without an embedder).
 #[derive(Debug, Clone, Default)]
 struct Vectors {
@@ -653,10 +656,10 @@ impl MemoryBook {
     /// [`whole_text`], where known (computed here when `None`).
     pub async fn insert_many_with(
         &self,
-        items: Vec<(Memory, Option<Vec<f32>>, Option<Vec<f32>>)>,
+        items: Vec<WithVectors>,
     ) -> Result<Vec<Inserted>, BookError> {
         let mut out: Vec<Option<Inserted>> = vec![None; items.len()];
-        let mut todo: Vec<(usize, Memory, Option<Vec<f32>>, Option<Vec<f32>>)> = Vec::new();
+        let mut todo: Vec<(usize, WithVectors)> = Vec::new();
         {
             let st = self.read();
             for (i, (m, e, w)) in items.into_iter().enumerate() {
@@ -668,37 +671,42 @@ impl MemoryBook {
                 {
                     out[i] = Some(Inserted::Ignored);
                 } else {
-                    todo.push((i, m, e, w));
+                    todo.push((i, (m, e, w)));
                 }
             }
         }
         // Embeds what is not given: prompts, then whole texts, in batches.
         for chunk in todo.chunks_mut(EMBED_BATCH) {
-            let prompts: Vec<usize> = (0..chunk.len()).filter(|&j| chunk[j].2.is_none()).collect();
-            let wholes: Vec<usize> = (0..chunk.len()).filter(|&j| chunk[j].3.is_none()).collect();
-            let mut texts: Vec<String> =
-                prompts.iter().map(|&j| chunk[j].1.prompt.clone()).collect();
-            texts.extend(
-                wholes
-                    .iter()
-                    .map(|&j| whole_text(&chunk[j].1.prompt, &chunk[j].1.answer)),
-            );
+            let prompts: Vec<usize> = (0..chunk.len())
+                .filter(|&j| chunk[j].1 .1.is_none())
+                .collect();
+            let wholes: Vec<usize> = (0..chunk.len())
+                .filter(|&j| chunk[j].1 .2.is_none())
+                .collect();
+            let mut texts: Vec<String> = prompts
+                .iter()
+                .map(|&j| chunk[j].1 .0.prompt.clone())
+                .collect();
+            texts.extend(wholes.iter().map(|&j| {
+                let m = &chunk[j].1 .0;
+                whole_text(&m.prompt, &m.answer)
+            }));
             if texts.is_empty() {
                 continue;
             }
             let mut vs = self.embed(texts).await?.into_iter();
             for &j in &prompts {
-                chunk[j].2 = Some(vs.next().unwrap_or_default());
+                chunk[j].1 .1 = Some(vs.next().unwrap_or_default());
             }
             for &j in &wholes {
-                chunk[j].3 = Some(vs.next().unwrap_or_default());
+                chunk[j].1 .2 = Some(vs.next().unwrap_or_default());
             }
         }
         let model = self.model_id();
         let mut writes = Vec::new();
         {
             let mut st = self.write();
-            for (i, m, e, w) in todo {
+            for (i, (m, e, w)) in todo {
                 let emb = e.and_then(unit).unwrap_or_default();
                 let whole = w.and_then(unit).unwrap_or_default();
                 if st.keys.contains_key(&m.id) {

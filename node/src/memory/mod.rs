@@ -21,5 +21,6 @@ pub mod sync;
 pub use admission::{admit, score_pair, AdmissionConfig, Admitted, Pair, Rejection};
 pub use book::{
     format_examples, BookConfig, BookError, DomainProfile, Inserted, MemoryBook, MemoryHit,
+    WithVectors,
 };
 pub use record::{Memory, MemoryBody, MemoryError, DEFAULT_DOMAIN, MEMORY_KIND};
