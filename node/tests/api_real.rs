@@ -103,6 +103,30 @@ async fn real_models_answer_embed_and_cancel() {
             .collect();
         assert_eq!(&decoded, v);
     }
+    // `dimensions` keeps a unit-length prefix; beyond the model's size it is a 400.
+    let (status, short) = post(
+        &server,
+        "/v1/embeddings",
+        &json!({"input": texts, "dimensions": 128}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{short}");
+    for (d, v) in short["data"].as_array().expect("data").iter().zip(&vectors) {
+        let s: Vec<f32> = serde_json::from_value(d["embedding"].clone()).expect("floats");
+        assert_eq!(s.len(), 128);
+        assert!((dot(&s, &s) - 1.0).abs() < 1e-3);
+        // The same direction as the full vector's first 128 components.
+        let head = &v[..128];
+        let cos = dot(&s, head) / dot(head, head).sqrt();
+        assert!(cos > 0.999, "{cos}");
+    }
+    let (status, _) = post(
+        &server,
+        "/v1/embeddings",
+        &json!({"input": "a", "dimensions": 385}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 
     // A long generation whose client goes away stops at once: the next request does not
     // wait for it.

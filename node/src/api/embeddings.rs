@@ -65,6 +65,20 @@ fn texts(input: Value, max: usize) -> Result<Vec<String>, ApiError> {
     Ok(texts)
 }
 
+/// The first `keep` components of the unit vector `v`, renormalised to unit length (as
+/// OpenAI's `dimensions`; a vector whose kept part is all zeros stays as it is).
+fn shorten(mut v: Vec<f32>, keep: usize) -> Vec<f32> {
+    if keep >= v.len() {
+        return v;
+    }
+    v.truncate(keep);
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm.is_finite() && norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+    v
+}
+
 /// The handler.
 pub(crate) async fn embeddings(
     State(state): State<AppState>,
@@ -82,20 +96,27 @@ pub(crate) async fn embeddings(
     };
     let texts = texts(body.input, state.config().max_embedding_inputs)?;
     let handle = state.embed_handle(body.model.as_deref().filter(|m| !m.is_empty()))?;
-    if let Some(d) = body.dimensions {
-        if d != handle.dim() as u64 {
+    let keep = match body.dimensions {
+        None => handle.dim(),
+        Some(d) if d >= 1 && d <= handle.dim() as u64 => d as usize,
+        Some(d) => {
             return Err(ApiError::invalid_param(
                 "dimensions",
                 format!(
-                    "this model's vectors have {} dimensions and cannot be shortened",
+                    "dimensions must be between 1 and this model's {} (got {d})",
                     handle.dim()
                 ),
-            ));
+            ))
         }
-    }
+    };
     let _permit = state.admit()?;
     let count = texts.len() as u64;
-    let vectors = handle.embed(texts).await?;
+    let vectors: Vec<Vec<f32>> = handle
+        .embed(texts)
+        .await?
+        .into_iter()
+        .map(|v| shorten(v, keep))
+        .collect();
     let m = state.counters();
     Metrics::add(&m.embedding_requests, 1);
     Metrics::add(&m.embedded_texts, count);
@@ -136,5 +157,16 @@ mod tests {
         assert!(texts(json!([[1, 2]]), 4).is_err());
         assert!(texts(json!({"a": 1}), 4).is_err());
         assert!(texts(Value::Null, 4).is_err());
+    }
+
+    #[test]
+    fn shortened_vectors_are_unit_prefixes() {
+        let v = vec![0.6, 0.0, 0.8, 0.0];
+        assert_eq!(shorten(v.clone(), 4), v);
+        assert_eq!(shorten(v.clone(), 9), v);
+        assert_eq!(shorten(v.clone(), 1), vec![1.0]);
+        let s = shorten(vec![0.5, 0.5, 0.5, 0.5], 2);
+        assert!((s[0] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6 && s.len() == 2);
+        assert_eq!(shorten(vec![0.0, 0.0, 1.0], 2), vec![0.0, 0.0]);
     }
 }
