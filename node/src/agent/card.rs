@@ -266,6 +266,20 @@ impl CardBook {
         k: usize,
         exclude: &[&str],
     ) -> Vec<CardHit> {
+        self.search_with_parts(query, query_embedding, &[], k, exclude)
+    }
+
+    /// [`CardBook::search`] for a query of several sentences, each given with its embedding
+    /// in `parts` ([`HybridIndex::search_with_parts`]: the whole query, plus half of the best
+    /// sentence's score).
+    pub fn search_with_parts(
+        &self,
+        query: &str,
+        query_embedding: &[f32],
+        parts: &[(&str, &[f32])],
+        k: usize,
+        exclude: &[&str],
+    ) -> Vec<CardHit> {
         let skip: Vec<u64> = exclude.iter().map(|id| key_of(id)).collect();
         let prior = |key: u64| if skip.contains(&key) { 0.0 } else { 1.0 };
         let opts = HybridOptions {
@@ -273,7 +287,7 @@ impl CardBook {
             ..CARD_FUSION
         };
         self.index
-            .search(query, query_embedding, k + skip.len(), &opts)
+            .search_with_parts(query, query_embedding, parts, k + skip.len(), &opts)
             .into_iter()
             .filter(|h| !skip.contains(&h.key))
             .filter_map(|h| {

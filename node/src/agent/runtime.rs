@@ -532,13 +532,6 @@ impl Agent {
         id.chars().take(10).collect()
     }
 
-    async fn embed_one(&self, text: &str) -> Vec<f32> {
-        self.embed_many(vec![text.to_owned()])
-            .await
-            .pop()
-            .unwrap_or_default()
-    }
-
     /// Embeds `texts` in one batch; none when there is no embedder or it fails (the caller
     /// then searches or indexes by text only).
     async fn embed_many(&self, texts: Vec<String>) -> Vec<Vec<f32>> {
@@ -618,9 +611,31 @@ impl Agent {
 
     /// Hybrid search over known cards (this node left out).
     pub async fn search_cards(&self, query: &str, k: usize) -> Vec<CardHit> {
-        let v = self.embed_one(query).await;
+        // A query of several sentences is searched whole and sentence by sentence
+        // (`CardBook::search_with_parts`); all embedded in one batch.
+        let sentences = crate::search::split_sentences(query);
+        let sentences = if sentences.len() > 1 {
+            sentences
+        } else {
+            Vec::new()
+        };
+        let mut texts = vec![query.to_owned()];
+        texts.extend(sentences.iter().cloned());
+        let mut vectors = self.embed_many(texts).await.into_iter();
+        let v = vectors.next().unwrap_or_default();
+        let part_vectors: Vec<Vec<f32>> = vectors.collect();
+        let parts: Vec<(&str, &[f32])> = if part_vectors.len() == sentences.len() {
+            sentences
+                .iter()
+                .zip(&part_vectors)
+                .map(|(s, v)| (s.as_str(), v.as_slice()))
+                .collect()
+        } else {
+            sentences.iter().map(|s| (s.as_str(), &[][..])).collect()
+        };
         let me = self.0.me.clone();
-        self.cards().search(query, &v, k, &[me.as_str()])
+        self.cards()
+            .search_with_parts(query, &v, &parts, k, &[me.as_str()])
     }
 
     async fn contact_lines(&self) -> Vec<ContactLine> {

@@ -66,21 +66,36 @@ impl<'a, E: Embedder> RegistrySearch<'a, E> {
     }
 
     fn hits(&self, query: &str, k: usize) -> Vec<CardHit> {
-        let embedding = {
+        // As a node searches (`Agent::search_cards`): a query of several sentences is
+        // searched whole and sentence by sentence.
+        let sentences = crate::search::split_sentences(query);
+        let mut texts = vec![query];
+        if sentences.len() > 1 {
+            texts.extend(sentences.iter().map(String::as_str));
+        }
+        let mut vectors = {
             let embedder = match self.embedder.lock() {
                 Ok(e) => e,
                 Err(poisoned) => poisoned.into_inner(),
             };
-            match embedder.embed(&[query]) {
-                Ok(mut v) => v.pop().unwrap_or_default(),
+            match embedder.embed(&texts) {
+                Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot embed the query; searching by text only");
                     Vec::new()
                 }
             }
-        };
+        }
+        .into_iter();
+        let embedding = vectors.next().unwrap_or_default();
+        let part_vectors: Vec<Vec<f32>> = vectors.collect();
+        let parts: Vec<(&str, &[f32])> = texts[1..]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (*t, part_vectors.get(i).map_or(&[][..], Vec::as_slice)))
+            .collect();
         self.index
-            .search(query, &embedding, k, &HybridOptions::default())
+            .search_with_parts(query, &embedding, &parts, k, &HybridOptions::default())
             .into_iter()
             .filter_map(|h| {
                 let agent = self.registry.get(h.key as usize)?;

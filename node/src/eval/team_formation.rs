@@ -300,6 +300,17 @@ where
     }
 }
 
+/// The sentences of a task searched beside the whole description (as a node searches a
+/// query of several sentences): none for a one-sentence task.
+pub fn task_parts(description: &str) -> Vec<String> {
+    let sentences = crate::search::split_sentences(description);
+    if sentences.len() > 1 {
+        sentences
+    } else {
+        Vec::new()
+    }
+}
+
 /// How [`evaluate_retrieval`] searches (default: the node's card search).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetrievalConfig {
@@ -336,7 +347,10 @@ pub struct RetrievalReport {
     pub dense: Metrics,
     /// Reciprocal rank fusion of the two, `1 / (k + rank)` summed (shown for comparison).
     pub rrf: Metrics,
-    /// The node's search: max-normalised scores fused linearly ([`crate::search`]).
+    /// Max-normalised scores fused linearly ([`crate::search`]), the whole task as the query.
+    pub fused_whole: Metrics,
+    /// The node's search: the whole task's fused score plus half the best of its sentences'
+    /// ([`HybridIndex::search_with_parts`]).
     pub fused: Metrics,
     /// Time to build the index (embeddings given), in milliseconds.
     pub index_ms: f64,
@@ -349,12 +363,15 @@ pub struct RetrievalReport {
 
 /// Indexes every card ([`card_index_text`] for BM25, the embeddings `card_vectors[i]` of the
 /// [`card_passages`] of `dataset.registry[i]`) and scores each stage of the node's card search:
-/// BM25 alone, the cosine alone, reciprocal rank fusion and the node's fused score. Each
-/// task is one query, its whole description, with embedding `query_vectors[i]`.
+/// BM25 alone, the cosine alone, reciprocal rank fusion, the fused score of the whole task,
+/// and the node's search (whole task and its sentences). Task `i` is its whole description
+/// with embedding `query_vectors[i]`, and its [`task_parts`] with embeddings
+/// `part_vectors[i]`.
 pub fn evaluate_retrieval(
     dataset: &Dataset,
     card_vectors: &[Vec<Vec<f32>>],
     query_vectors: &[Vec<f32>],
+    part_vectors: &[Vec<Vec<f32>>],
     config: &RetrievalConfig,
 ) -> Result<RetrievalReport, EvalError> {
     let n = dataset.registry.len();
@@ -362,7 +379,19 @@ pub fn evaluate_retrieval(
         .first()
         .and_then(|p| p.first())
         .map_or(0, Vec::len);
-    if card_vectors.len() != n || query_vectors.len() != dataset.tasks.len() {
+    let parts: Vec<Vec<String>> = dataset
+        .tasks
+        .iter()
+        .map(|t| task_parts(&t.description))
+        .collect();
+    if card_vectors.len() != n
+        || query_vectors.len() != dataset.tasks.len()
+        || part_vectors.len() != parts.len()
+        || parts
+            .iter()
+            .zip(part_vectors)
+            .any(|(p, v)| p.len() != v.len())
+    {
         return Err(EvalError::VectorCount {
             expected: n + dataset.tasks.len(),
             got: card_vectors.len() + query_vectors.len(),
@@ -384,10 +413,24 @@ pub fn evaluate_retrieval(
     let fused_opts = weights(config.semantic_weight, config.lexical_weight);
     let mut times = Vec::with_capacity(dataset.tasks.len());
     let fused = evaluate_rankings(dataset, |i, t| {
+        let task_parts: Vec<(&str, &[f32])> = parts[i]
+            .iter()
+            .zip(&part_vectors[i])
+            .map(|(p, v)| (p.as_str(), v.as_slice()))
+            .collect();
         let start = std::time::Instant::now();
-        let hits = index.search(&t.description, &query_vectors[i], k, &fused_opts);
+        let hits = index.search_with_parts(
+            &t.description,
+            &query_vectors[i],
+            &task_parts,
+            k,
+            &fused_opts,
+        );
         times.push(start.elapsed().as_secs_f64() * 1e3);
         keys(hits)
+    });
+    let fused_whole = evaluate_rankings(dataset, |i, t| {
+        keys(index.search(&t.description, &query_vectors[i], k, &fused_opts))
     });
     let dense = evaluate_rankings(dataset, |i, t| {
         keys(index.search(&t.description, &query_vectors[i], k, &weights(1.0, 0.0)))
@@ -413,6 +456,7 @@ pub fn evaluate_retrieval(
         bm25,
         dense,
         rrf,
+        fused_whole,
         fused,
         index_ms,
         query_p50_ms: times.get(times.len() / 2).copied().unwrap_or(0.0),
