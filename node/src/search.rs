@@ -810,6 +810,17 @@ impl HybridIndex {
     }
 }
 
+/// The sentences of a query searched beside the whole text
+/// ([`HybridIndex::search_with_parts`]): none for a one-sentence query.
+pub fn query_parts(query: &str) -> Vec<String> {
+    let sentences = split_sentences(query);
+    if sentences.len() > 1 {
+        sentences
+    } else {
+        Vec::new()
+    }
+}
+
 /// Weight of a query's best sentence next to the whole query in
 /// [`HybridIndex::search_with_parts`].
 pub const PART_WEIGHT: f32 = 0.5;

@@ -613,12 +613,7 @@ impl Agent {
     pub async fn search_cards(&self, query: &str, k: usize) -> Vec<CardHit> {
         // A query of several sentences is searched whole and sentence by sentence
         // (`CardBook::search_with_parts`); all embedded in one batch.
-        let sentences = crate::search::split_sentences(query);
-        let sentences = if sentences.len() > 1 {
-            sentences
-        } else {
-            Vec::new()
-        };
+        let sentences = crate::search::query_parts(query);
         let mut texts = vec![query.to_owned()];
         texts.extend(sentences.iter().cloned());
         let mut vectors = self.embed_many(texts).await.into_iter();

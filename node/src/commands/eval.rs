@@ -268,7 +268,7 @@ pub fn team_formation_report(
     let query_vectors = embed_texts(embedder, &queries, "queries")?;
     let parts: Vec<Vec<String>> = queries
         .iter()
-        .map(|q| team_formation::task_parts(q))
+        .map(|q| crate::search::query_parts(q))
         .collect();
     let part_vectors = embed_groups(embedder, &parts, "task sentences")?;
     tracing::info!(

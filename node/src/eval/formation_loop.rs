@@ -68,11 +68,9 @@ impl<'a, E: Embedder> RegistrySearch<'a, E> {
     fn hits(&self, query: &str, k: usize) -> Vec<CardHit> {
         // As a node searches (`Agent::search_cards`): a query of several sentences is
         // searched whole and sentence by sentence.
-        let sentences = crate::search::split_sentences(query);
+        let sentences = crate::search::query_parts(query);
         let mut texts = vec![query];
-        if sentences.len() > 1 {
-            texts.extend(sentences.iter().map(String::as_str));
-        }
+        texts.extend(sentences.iter().map(String::as_str));
         let mut vectors = {
             let embedder = match self.embedder.lock() {
                 Ok(e) => e,

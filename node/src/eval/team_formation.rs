@@ -28,7 +28,7 @@ use serde::Serialize;
 use super::{AgentRecord, TaskRecord};
 use crate::agent::card::AgentCard;
 use crate::config::AgentKind;
-use crate::search::{Hit, HybridIndex, HybridOptions, SearchError};
+use crate::search::{query_parts, Hit, HybridIndex, HybridOptions, SearchError};
 
 /// Why a benchmark file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -300,17 +300,6 @@ where
     }
 }
 
-/// The sentences of a task searched beside the whole description (as a node searches a
-/// query of several sentences): none for a one-sentence task.
-pub fn task_parts(description: &str) -> Vec<String> {
-    let sentences = crate::search::split_sentences(description);
-    if sentences.len() > 1 {
-        sentences
-    } else {
-        Vec::new()
-    }
-}
-
 /// How [`evaluate_retrieval`] searches (default: the node's card search).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetrievalConfig {
@@ -365,7 +354,7 @@ pub struct RetrievalReport {
 /// [`card_passages`] of `dataset.registry[i]`) and scores each stage of the node's card search:
 /// BM25 alone, the cosine alone, reciprocal rank fusion, the fused score of the whole task,
 /// and the node's search (whole task and its sentences). Task `i` is its whole description
-/// with embedding `query_vectors[i]`, and its [`task_parts`] with embeddings
+/// with embedding `query_vectors[i]`, and its [`query_parts`] with embeddings
 /// `part_vectors[i]`.
 pub fn evaluate_retrieval(
     dataset: &Dataset,
@@ -382,7 +371,7 @@ pub fn evaluate_retrieval(
     let parts: Vec<Vec<String>> = dataset
         .tasks
         .iter()
-        .map(|t| task_parts(&t.description))
+        .map(|t| query_parts(&t.description))
         .collect();
     if card_vectors.len() != n
         || query_vectors.len() != dataset.tasks.len()
