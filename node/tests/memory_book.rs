@@ -539,3 +539,42 @@ async fn a_flooding_peer_does_not_make_good_memories_off_domain() {
     assert_eq!(profile.authors, 3);
     assert!(profile.memories > 4 + 10, "{}", profile.memories);
 }
+
+#[tokio::test]
+async fn memories_stored_without_embeddings_are_embedded_once_and_written_back() {
+    let e = embedder();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    {
+        // Rows as an older version wrote them: no embeddings in the body.
+        let store = Store::open(&path).unwrap();
+        let row = starling_node::store::MemoryRecord {
+            id: "old1".to_owned(),
+            domain: "general".to_owned(),
+            author: "alice".to_owned(),
+            score: 8.0,
+            created_at: 1,
+            prompt: "How long should bread dough rise?".to_owned(),
+            answer: "About an hour, until doubled.".to_owned(),
+            body: serde_json::json!({ "source": null }),
+            forgotten: false,
+        };
+        assert!(store.insert_memory(&row).await.unwrap());
+    }
+    let b = book(Store::open(&path).unwrap(), &e).await;
+    let hits = b
+        .top_k("general", "proofing time for dough", 1)
+        .await
+        .unwrap();
+    assert_eq!(ids(&hits), vec!["old1"]);
+    let stored: starling_node::store::MemoryRecord<serde_json::Value> =
+        b.store().memory("old1").await.unwrap().unwrap();
+    for field in ["embedding", "whole"] {
+        assert!(
+            stored.body[field].is_array(),
+            "{field} not written back: {}",
+            stored.body
+        );
+    }
+    assert_eq!(stored.body["model"], serde_json::json!(e.model_id()));
+}

@@ -362,12 +362,24 @@ impl MemoryBook {
             };
             loaded.push((memory, emb));
         }
-        if !missing.is_empty() {
+        if !missing.is_empty() && book.0.embedder.is_some() {
             tracing::info!(count = missing.len(), "embedding stored memories");
             for chunk in missing.chunks(EMBED_BATCH) {
                 let memories: Vec<&Memory> = chunk.iter().map(|&i| &loaded[i].0).collect();
                 let vs = book.embed_memories(&memories).await?;
                 for (&i, v) in chunk.iter().zip(vs) {
+                    // Written back, so the next start does not embed them again. A failed
+                    // write (a full disk) only costs that: the vectors are in memory.
+                    let (memory, _) = &loaded[i];
+                    let body = StoredBody {
+                        source: memory.source.clone(),
+                        model: model.clone(),
+                        embedding: Some(pack_embedding(&v.prompt)),
+                        whole: Some(pack_embedding(&v.whole)),
+                    };
+                    if let Err(e) = book.0.store.set_memory_body(&memory.id, &body).await {
+                        tracing::warn!(id = %memory.id, error = %e, "could not store a memory's embeddings");
+                    }
                     loaded[i].1 = Some((v.prompt, v.whole));
                 }
             }

@@ -109,6 +109,11 @@ pub(crate) enum Command {
         score: f64,
         reply: Reply<bool>,
     },
+    SetMemoryBody {
+        id: String,
+        body: Json,
+        reply: Reply<bool>,
+    },
     DeleteMemoriesByAuthor {
         author: String,
         reply: Reply<u64>,
@@ -218,6 +223,9 @@ impl Command {
             Command::SetMemoryScore { id, score, reply } => {
                 done(sql::set_memory_score(c, &id, score), reply)
             }
+            Command::SetMemoryBody { id, body, reply } => {
+                done(sql::set_memory_body(c, &id, &body), reply)
+            }
             Command::DeleteMemoriesByAuthor { author, reply } => {
                 done(sql::delete_memories_by_author(c, &author), reply)
             }
@@ -260,6 +268,7 @@ impl Command {
             Command::MemoryCount { reply, .. } => reply(err(error)),
             Command::SetMemoryForgotten { reply, .. } => reply(err(error)),
             Command::SetMemoryScore { reply, .. } => reply(err(error)),
+            Command::SetMemoryBody { reply, .. } => reply(err(error)),
             Command::DeleteMemoriesByAuthor { reply, .. } => reply(err(error)),
             Command::DeleteMemory { reply, .. } => reply(err(error)),
             Command::AuthorTrust { reply, .. } => reply(err(error)),

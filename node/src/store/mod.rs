@@ -671,6 +671,17 @@ impl Store {
         self.call(|reply| Command::SetMemoryScore { id, score, reply }, Ok)
     }
 
+    /// Replaces a memory's local body (what this node derived from the signed record, such
+    /// as its embeddings). Returns whether the memory exists.
+    pub fn set_memory_body<T: Serialize>(&self, id: &str, body: &T) -> Pending<bool> {
+        let body = match encode("memory", body) {
+            Ok(body) => body,
+            Err(e) => return Pending::failed(e),
+        };
+        let id = id.to_owned();
+        self.call(|reply| Command::SetMemoryBody { id, body, reply }, Ok)
+    }
+
     /// Deletes every memory by `author`. Returns how many were deleted.
     pub fn delete_memories_by_author(&self, author: &str) -> Pending<u64> {
         let author = author.to_owned();

@@ -446,6 +446,14 @@ pub(super) fn set_memory_score(c: &Connection, id: &str, score: f64) -> Result<b
     Ok(changed > 0)
 }
 
+pub(super) fn set_memory_body(c: &Connection, id: &str, body: &str) -> Result<bool> {
+    let changed = c
+        .prepare_cached("UPDATE memories SET body = ?2 WHERE id = ?1")
+        .and_then(|mut s| s.execute(params![id, body]))
+        .map_err(err("update memory body"))?;
+    Ok(changed > 0)
+}
+
 pub(super) fn delete_memories_by_author(c: &Connection, author: &str) -> Result<u64> {
     let deleted = c
         .prepare_cached("DELETE FROM memories WHERE author = ?1")
