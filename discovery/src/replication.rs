@@ -256,7 +256,9 @@ impl Replicator {
     }
 
     /// Stores a verified record; emits an event if it was new.
-    pub(crate) fn store_new(&self, record: Record) -> Option<Record> {
+    /// Stores `record`, returning whether it was new, or the store's error (for records
+    /// this node authors: the caller must know that nothing was stored).
+    pub(crate) fn store_checked(&self, record: Record) -> Result<bool, StoreError> {
         match self.store.insert(record.clone()) {
             Ok(true) => {
                 Metrics::inc(&self.metrics.records_accepted);
@@ -265,16 +267,13 @@ impl Replicator {
                     author: record.author(),
                     kind: record.kind().to_owned(),
                 });
-                Some(record)
+                Ok(true)
             }
             Ok(false) => {
                 Metrics::inc(&self.metrics.records_duplicate);
-                None
+                Ok(false)
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "record store failed");
-                None
-            }
+            Err(e) => Err(e),
         }
     }
 

@@ -422,14 +422,29 @@ impl Swarm {
     /// live peers in the background (a peer that misses the push gets it at
     /// the next reconciliation). Records published in quick succession share
     /// push streams (see [`pusher`]).
+    ///
+    /// Fails, with nothing stored or sent, when the record store cannot write it.
     pub async fn publish(&self, kind: &str, body: Vec<u8>) -> Result<Record, SwarmError> {
-        let record = Record::sign(&self.inner.identity, kind, body)?;
-        if self.inner.replicator.store_new(record.clone()).is_some() {
+        let record = self.sign(kind, body)?;
+        self.publish_signed(&record).await?;
+        Ok(record)
+    }
+
+    /// Signs a record as this node without storing or sending it (to commit what it
+    /// describes locally first, then [`Swarm::publish_signed`] it).
+    pub fn sign(&self, kind: &str, body: Vec<u8>) -> Result<Record, SwarmError> {
+        Ok(Record::sign(&self.inner.identity, kind, body)?)
+    }
+
+    /// Stores a record signed by [`Swarm::sign`] and pushes it to live peers, as
+    /// [`Swarm::publish`] does. Fails, with nothing sent, when the store cannot write it.
+    pub async fn publish_signed(&self, record: &Record) -> Result<(), SwarmError> {
+        if self.inner.replicator.store_checked(record.clone())? {
             // The pusher lives as long as the swarm; after shutdown, reconciliation
             // is the only way out anyway.
             let _ = self.inner.push_tx.send(Arc::new(record.to_wire()));
         }
-        Ok(record)
+        Ok(())
     }
 
     /// Stored records of one kind, oldest first.

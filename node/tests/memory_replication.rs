@@ -222,3 +222,107 @@ async fn ten_thousand_memories_reach_five_nodes() {
         s.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_the_add_and_nothing_diverges() {
+    use starling_node::memory::{BookError, Inserted, MemoryBody, MEMORY_VERSION};
+    let e = EmbedHandle::spawn(
+        BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
+    )
+    .unwrap();
+    let secret = SwarmSecret::generate();
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = start(dirs[0].path(), &secret, None).await;
+    let b = start(dirs[1].path(), &secret, Some(&a)).await;
+    let store = Store::open(dirs[0].path().join("node.db")).unwrap();
+    // Duplicate detection off: every memory below is distinct text.
+    let config = BookConfig {
+        duplicate_cosine: 2.0,
+        ..BookConfig::default()
+    };
+    let book_a = MemoryBook::open(store.clone(), Some(e.clone()), Some(a.clone()), config)
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    // The database may grow by a few pages, then it is "full".
+    let size = std::fs::metadata(dirs[0].path().join("node.db"))
+        .unwrap()
+        .len();
+    store.set_max_bytes(size + 24 * 1024).await.unwrap();
+    let mut kept = Vec::new();
+    let mut full = 0;
+    for i in 0..120 {
+        let body = MemoryBody {
+            v: MEMORY_VERSION,
+            domain: "stock".into(),
+            prompt: format!("Where is crate {i} of the spring delivery kept?"),
+            answer: format!("Crate {i} is on shelf {} in aisle {}.", i * 7 % 31, i % 9),
+            source: None,
+            score: 8.0,
+            created_at: 1_700_000_000_000 + i,
+        };
+        match book_a.publish(body, None).await {
+            Ok(Inserted::Added(m)) => kept.push(m.id),
+            Err(BookError::Store(e)) if e.is_full() => full += 1,
+            other => panic!("memory {i}: {other:?}"),
+        }
+    }
+    assert!(full > 0, "the cap never filled ({} kept)", kept.len());
+    assert!(!kept.is_empty(), "nothing fitted under the cap");
+    // What this node lists, what it signed as records and what its peer receives are the
+    // kept memories, no more.
+    let listed: Vec<String> = book_a
+        .list(Some("stock"), None, 1000)
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    let mut want = kept.clone();
+    want.sort();
+    let mut got = listed.clone();
+    got.sort();
+    assert_eq!(got, want, "listed memories differ from the committed ones");
+    let mut records: Vec<String> = a
+        .records(MEMORY_KIND)
+        .unwrap()
+        .iter()
+        .map(|r| r.id().to_string())
+        .collect();
+    records.sort();
+    assert_eq!(
+        records, want,
+        "a memory that failed to commit was published"
+    );
+    // The peer receives the signed records of the kept memories and no others.
+    let ids_at_b = || {
+        let mut ids: Vec<String> = b
+            .records(MEMORY_KIND)
+            .unwrap()
+            .iter()
+            .map(|r| r.id().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    until("replication", Duration::from_secs(20), async || {
+        ids_at_b().len() >= want.len()
+    })
+    .await;
+    assert_eq!(ids_at_b(), want, "the peer holds memories this node did not commit");
+    // After a restart (no cap) the same memories are there.
+    cancel.cancel();
+    drop(book_a);
+    drop(store);
+    a.shutdown().await;
+    let a2 = start(dirs[0].path(), &secret, None).await;
+    let book = open_book(dirs[0].path(), Some(e.clone()), &a2).await;
+    let mut after: Vec<String> = book
+        .list(Some("stock"), None, 1000)
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    after.sort();
+    assert_eq!(after, want, "memories lost or gained across the restart");
+    for s in [&a2, &b] {
+        s.shutdown().await;
+    }
+}

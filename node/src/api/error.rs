@@ -200,6 +200,11 @@ impl ApiError {
         .with_code("shutting_down")
     }
 
+    /// 507: the disk is full; nothing was written.
+    pub fn insufficient_storage(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INSUFFICIENT_STORAGE, "server_error", message).with_code("disk_full")
+    }
+
     /// 500: something failed inside the server.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)

@@ -670,6 +670,23 @@ impl MemoryBook {
         &self,
         items: Vec<WithVectors>,
     ) -> Result<Vec<Inserted>, BookError> {
+        let out = self.store_many(items).await?;
+        self.announce(&out);
+        Ok(out)
+    }
+
+    /// Announces added memories (once durable; nobody listening is fine).
+    fn announce(&self, out: &[Inserted]) {
+        for o in out {
+            if let Inserted::Added(m) = o {
+                let _ = self.0.added.send(m.clone());
+            }
+        }
+    }
+
+    /// Indexes and commits memories (see [`MemoryBook::insert_many_with`]) without
+    /// announcing them.
+    async fn store_many(&self, items: Vec<WithVectors>) -> Result<Vec<Inserted>, BookError> {
         let mut out: Vec<Option<Inserted>> = vec![None; items.len()];
         let mut todo: Vec<(usize, WithVectors)> = Vec::new();
         {
@@ -747,20 +764,31 @@ impl MemoryBook {
                     },
                     forgotten: false,
                 };
-                writes.push(self.0.store.insert_memory(&record));
+                writes.push((i, self.0.store.insert_memory(&record)));
                 let vectors = Vectors { prompt: emb, whole };
+                // Indexed now so that a duplicate later in this batch is caught; taken out
+                // again below if its write fails.
                 self.index_locked(&mut st, m.clone(), vectors);
                 out[i] = Some(Inserted::Added(m));
             }
         }
-        for w in writes {
-            w.await?;
-        }
-        // Announced once durable. Nobody listening is fine.
-        for o in &out {
-            if let Some(Inserted::Added(m)) = o {
-                let _ = self.0.added.send(m.clone());
+        // A memory is listed, announced and searchable only once its row is committed: a
+        // failed write (a full disk) takes it out of the index again and fails the call.
+        let mut failed = None;
+        for (i, w) in writes {
+            if let Err(e) = w.await {
+                if let Some(Inserted::Added(m)) = out[i].take() {
+                    Self::unindex_locked(&mut self.write(), &m.id);
+                }
+                out[i] = Some(Inserted::Ignored);
+                failed.get_or_insert(e);
             }
+        }
+        let added: Vec<Inserted> = out.iter().flatten().cloned().collect();
+        if let Some(e) = failed {
+            // What did commit stays and is announced.
+            self.announce(&added);
+            return Err(e.into());
         }
         Ok(out
             .into_iter()
@@ -793,29 +821,45 @@ impl MemoryBook {
         ) {
             return Ok(Inserted::Duplicate { of });
         }
-        let memory = match &self.0.swarm {
+        // Signed first, committed here, and only then stored as a record and sent: a
+        // memory that could not be written (a full disk) never reaches a peer.
+        let (memory, record) = match &self.0.swarm {
             Some(swarm) => {
                 let record = swarm
-                    .publish(MEMORY_KIND, body.encode())
-                    .await
+                    .sign(MEMORY_KIND, body.encode())
                     .map_err(|e| BookError::Publish(e.to_string()))?;
                 let mut m =
                     Memory::from_body(record.id().to_string(), record.author().to_string(), body);
                 m.created_at = record.timestamp_ms() as i64;
-                m
+                (m, Some(record))
             }
             None => {
                 let id: [u8; 32] = rand::random();
-                Memory::from_body(hex_id(&id), self.0.me.clone(), body)
+                (
+                    Memory::from_body(hex_id(&id), self.0.me.clone(), body),
+                    None,
+                )
             }
         };
-        // The swarm announces the new record to every follower, this book's own included
-        // (see [`MemoryBook::follow`]), which may index it first: that is this memory.
         let id = memory.id.clone();
-        Ok(match self.insert(memory.clone(), Some(emb)).await? {
-            Inserted::Known(known) if known == id => Inserted::Added(memory),
-            other => other,
-        })
+        let inserted = self
+            .store_many(vec![(memory, Some(emb), None)])
+            .await?
+            .pop()
+            .unwrap_or(Inserted::Ignored);
+        if let (Some(swarm), Some(record), Inserted::Added(_)) = (&self.0.swarm, record, &inserted)
+        {
+            if let Err(e) = swarm.publish_signed(&record).await {
+                // Not stored as a record, so not sent: take the memory back out.
+                Self::unindex_locked(&mut self.write(), &id);
+                if let Err(d) = self.0.store.delete_memory(&id).await {
+                    tracing::warn!(id = %id, error = %d, "cannot remove a memory whose record was not stored");
+                }
+                return Err(BookError::Publish(e.to_string()));
+            }
+        }
+        self.announce(std::slice::from_ref(&inserted));
+        Ok(inserted)
     }
 
     /// Rows of `ids` could not be decoded: those whose signed record the swarm holds are

@@ -60,6 +60,7 @@ fn book_error(e: BookError) -> ApiError {
     match e {
         BookError::Invalid(e) => ApiError::invalid(e.to_string()),
         BookError::NotFound(id) => ApiError::not_found(format!("no memory `{id}`")),
+        BookError::Store(e) if e.is_full() => ApiError::insufficient_storage(e.to_string()),
         other => ApiError::internal(other.to_string()),
     }
 }

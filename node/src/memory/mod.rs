@@ -23,4 +23,4 @@ pub use book::{
     format_examples, BookConfig, BookError, DomainProfile, Inserted, MemoryBook, MemoryHit,
     WithVectors,
 };
-pub use record::{Memory, MemoryBody, MemoryError, DEFAULT_DOMAIN, MEMORY_KIND};
+pub use record::{Memory, MemoryBody, MemoryError, DEFAULT_DOMAIN, MEMORY_KIND, MEMORY_VERSION};

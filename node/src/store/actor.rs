@@ -114,6 +114,10 @@ pub(crate) enum Command {
         body: Json,
         reply: Reply<bool>,
     },
+    SetMaxBytes {
+        bytes: u64,
+        reply: Reply<u64>,
+    },
     DeleteMemoriesByAuthor {
         author: String,
         reply: Reply<u64>,
@@ -148,8 +152,15 @@ pub(crate) enum Command {
     },
 }
 
-/// Sends a command's reply, given the commit error if the commit failed.
-type SendReply = Box<dyn FnOnce(Option<&str>) + Send>;
+/// Why a batch's commit failed.
+struct CommitFailure {
+    message: String,
+    /// The disk (or the size cap) was full.
+    full: bool,
+}
+
+/// Sends a command's reply, given the commit failure if the commit failed.
+type SendReply = Box<dyn FnOnce(Option<&CommitFailure>) + Send>;
 
 /// A command that has run but not yet replied: the reply waits for the commit.
 struct Done {
@@ -162,8 +173,9 @@ fn done<T: Send + 'static>(result: Result<T, StoreError>, reply: Reply<T>) -> Do
     Done {
         applied: result.is_ok(),
         send: Box::new(
-            move |commit_error: Option<&str>| match (commit_error, result) {
-                (Some(e), Ok(_)) => reply(Err(StoreError::Commit(e.to_owned()))),
+            move |commit_error: Option<&CommitFailure>| match (commit_error, result) {
+                (Some(e), Ok(_)) if e.full => reply(Err(StoreError::Full(e.message.clone()))),
+                (Some(e), Ok(_)) => reply(Err(StoreError::Commit(e.message.clone()))),
                 (_, result) => reply(result),
             },
         ),
@@ -226,6 +238,7 @@ impl Command {
             Command::SetMemoryBody { id, body, reply } => {
                 done(sql::set_memory_body(c, &id, &body), reply)
             }
+            Command::SetMaxBytes { bytes, reply } => done(sql::set_max_bytes(c, bytes), reply),
             Command::DeleteMemoriesByAuthor { author, reply } => {
                 done(sql::delete_memories_by_author(c, &author), reply)
             }
@@ -269,6 +282,7 @@ impl Command {
             Command::SetMemoryForgotten { reply, .. } => reply(err(error)),
             Command::SetMemoryScore { reply, .. } => reply(err(error)),
             Command::SetMemoryBody { reply, .. } => reply(err(error)),
+            Command::SetMaxBytes { reply, .. } => reply(err(error)),
             Command::DeleteMemoriesByAuthor { reply, .. } => reply(err(error)),
             Command::DeleteMemory { reply, .. } => reply(err(error)),
             Command::AuthorTrust { reply, .. } => reply(err(error)),
@@ -341,9 +355,12 @@ fn run_batch(conn: &mut Connection, batch: &mut Vec<Command>) {
             }
         }
     }
-    let commit_error = commit.err().map(|e| e.to_string());
+    let commit_error = commit.err().map(|e| CommitFailure {
+        full: crate::store::is_disk_full(&e),
+        message: e.to_string(),
+    });
     tracing::trace!(size, "store: batch committed");
     for outcome in outcomes {
-        (outcome.send)(commit_error.as_deref());
+        (outcome.send)(commit_error.as_ref());
     }
 }

@@ -91,6 +91,10 @@ pub enum StoreError {
     /// The transaction holding this command failed to commit; the command was not applied.
     #[error("commit failed, the write was not applied: {0}")]
     Commit(String),
+    /// The disk (or the database's size cap, [`Store::set_max_bytes`]) is full; the write
+    /// was not applied and nothing already stored was changed.
+    #[error("the disk is full, the write was not applied ({0}); free some space and retry")]
+    Full(String),
     /// A payload could not be serialised to JSON.
     #[error("cannot encode {what} as JSON: {source}")]
     Encode {
@@ -121,6 +125,18 @@ pub enum StoreError {
     /// The owner thread has stopped (it panicked); no command can be served.
     #[error("the store thread has stopped")]
     Closed,
+}
+
+impl StoreError {
+    /// Whether the write failed for lack of space (see [`StoreError::Full`]).
+    pub fn is_full(&self) -> bool {
+        matches!(self, StoreError::Full(_))
+    }
+}
+
+/// Whether SQLite reported a full disk or database.
+pub(crate) fn is_disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 /// A signed agent card as stored: the newest card per author is kept.
@@ -680,6 +696,13 @@ impl Store {
         };
         let id = id.to_owned();
         self.call(|reply| Command::SetMemoryBody { id, body, reply }, Ok)
+    }
+
+    /// Caps the database at about `bytes` (SQLite's `max_page_count`; at least its current
+    /// size). A write past the cap fails with [`StoreError::Full`] exactly as on a full
+    /// disk, so it also serves to test that path. Returns the cap in bytes.
+    pub fn set_max_bytes(&self, bytes: u64) -> Pending<u64> {
+        self.call(|reply| Command::SetMaxBytes { bytes, reply }, Ok)
     }
 
     /// Deletes every memory by `author`. Returns how many were deleted.

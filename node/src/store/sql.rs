@@ -11,7 +11,28 @@ use super::{
 type Result<T> = std::result::Result<T, StoreError>;
 
 fn err(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
-    move |source| StoreError::Sqlite { op, source }
+    move |source| {
+        if super::is_disk_full(&source) {
+            StoreError::Full(format!("{op}: {source}"))
+        } else {
+            StoreError::Sqlite { op, source }
+        }
+    }
+}
+
+pub(super) fn set_max_bytes(c: &Connection, bytes: u64) -> Result<u64> {
+    let page: i64 = c
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .map_err(err("read page size"))?;
+    let page = u64::try_from(page.max(1)).unwrap_or(4096);
+    let pages = to_i64("page count", bytes.div_ceil(page).max(1))?;
+    // SQLite keeps the cap at or above the current page count and answers the cap set.
+    let set: i64 = c
+        .query_row(&format!("PRAGMA max_page_count = {pages}"), [], |r| {
+            r.get(0)
+        })
+        .map_err(err("cap the database size"))?;
+    Ok(u64::try_from(set).unwrap_or(0) * page)
 }
 
 fn to_i64(what: &'static str, value: u64) -> Result<i64> {
