@@ -150,7 +150,7 @@ fn grounded_pipeline_keeps_its_score_on_the_projects_own_scenarios() {
     }
     // Written after development by helpers that did not read the pipeline: scored, never
     // asserted on (see benches/swarm_qa/README.md).
-    for name in ["fresh", "holdout", "blind"] {
+    for name in ["fresh", "holdout", "blind", "blind2"] {
         if let Some((ok, n)) = score_file(&root.join(format!("benches/swarm_qa/{name}.jsonl"))) {
             eprintln!("{name} scenarios: {ok}/{n}");
         }

@@ -307,7 +307,11 @@ async fn a_full_disk_fails_the_add_and_nothing_diverges() {
         ids_at_b().len() >= want.len()
     })
     .await;
-    assert_eq!(ids_at_b(), want, "the peer holds memories this node did not commit");
+    assert_eq!(
+        ids_at_b(),
+        want,
+        "the peer holds memories this node did not commit"
+    );
     // After a restart (no cap) the same memories are there.
     cancel.cancel();
     drop(book_a);

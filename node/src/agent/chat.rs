@@ -56,6 +56,8 @@
 //!   that misses [`ChatConfig::max_missed_turns`] turns in a row is treated as down. A task
 //!   whose deadline passes fails. When only one member is left, it is asked to conclude (the
 //!   initiator, if it is the one left); when nobody is, the machine concludes by itself.
+//!   The host may add a member to the running group ([`Input::Recruit`]), a replacement for
+//!   one whose task failed.
 //! * **Nested teams.** An assignee may launch a sub-team for its task when
 //!   `team_up_depth < max_depth` ([`GroupChat::sub_team_depth`]); [`Input::SubTeam`] records the
 //!   child group on the task.
@@ -627,6 +629,9 @@ pub enum Input {
     },
     /// A member went down (membership reported it, or the runtime gave up on it).
     MemberDown(String),
+    /// A member joins the running group: the replacement the host found for a member whose
+    /// task failed. It can be assigned tasks and speak from now on.
+    Recruit(MemberRef),
     /// Time passed: enforce the deadlines up to `now`. Deadlines are only enforced here.
     Tick,
 }
@@ -701,6 +706,12 @@ pub enum ChatError {
     /// No member has this id.
     #[error("unknown member {0}")]
     UnknownMember(String),
+    /// A recruit is already a member (live or down).
+    #[error("{0} is already a member")]
+    AlreadyMember(String),
+    /// A recruit has an empty id.
+    #[error("a recruit needs a member id")]
+    EmptyRecruit,
     /// This group is already at the maximum nesting depth.
     #[error("no sub-team allowed at depth {depth} (max {max_depth})")]
     SubTeamNotAllowed {
@@ -883,6 +894,7 @@ impl GroupChat {
                 child_group_id,
             } => self.on_sub_team(&from, &task_id, child_group_id),
             Input::MemberDown(member) => self.on_member_down(&member, now),
+            Input::Recruit(member) => self.on_recruit(member),
             Input::Tick => {
                 self.on_tick(now);
                 Ok(())
@@ -1192,6 +1204,18 @@ impl GroupChat {
         }
         debug!(group = %self.group_id, task = %task.id, child = %child_group_id, "sub-team formed");
         task.child_group = Some(child_group_id);
+        Ok(())
+    }
+
+    fn on_recruit(&mut self, member: MemberRef) -> Result<(), ChatError> {
+        if member.id.is_empty() {
+            return Err(ChatError::EmptyRecruit);
+        }
+        if self.members.iter().any(|m| m.id == member.id) {
+            return Err(ChatError::AlreadyMember(member.id));
+        }
+        debug!(group = %self.group_id, member = %member.id, "member recruited");
+        self.members.push(member);
         Ok(())
     }
 
@@ -2134,6 +2158,60 @@ mod tests {
         assert_eq!(chat.turn(), 2);
         // Sent in the initiator's name.
         assert_eq!(chat.messages().last().unwrap().sender, "a");
+    }
+
+    #[test]
+    fn a_recruit_takes_over_a_failed_task() {
+        // Moderated, as a grounded inquiry's group is: the host speaks after each report.
+        let mut p = params(&["a", "b"], 10);
+        p.config.moderated = true;
+        let (mut chat, _) = launch_with(p);
+        let run_for = |fx: &[Effect]| -> Vec<String> {
+            fx.iter()
+                .filter_map(|e| match e {
+                    Effect::RunTask { task, .. } => Some(task.assignee.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let fx = say(
+            &mut chat,
+            "a",
+            assign(AssignSync, "Find the fact.", &[("b", "find the fact")], &[]),
+            T0,
+        );
+        assert_eq!(run_for(&fx), strs(&["b"]));
+        chat.handle(
+            Input::TaskResult {
+                from: "b".into(),
+                task_id: "t1".into(),
+                ok: false,
+                result: "unreachable".into(),
+            },
+            T0 + 1,
+        )
+        .unwrap();
+        let fx = drain(&mut chat);
+        assert_eq!(asked(&fx), strs(&["a"]));
+        // Before it joins, c cannot be given a task.
+        assert!(!chat.is_live("c"));
+        let c = MemberRef {
+            id: "c".into(),
+            name: "c".into(),
+        };
+        chat.handle(Input::Recruit(c.clone()), T0 + 2).unwrap();
+        assert!(chat.is_live("c"));
+        assert_eq!(
+            chat.handle(Input::Recruit(c), T0 + 2),
+            Err(ChatError::AlreadyMember("c".into()))
+        );
+        let fx = say(
+            &mut chat,
+            "a",
+            assign(AssignSync, "Ask c instead.", &[("c", "find the fact")], &[]),
+            T0 + 3,
+        );
+        assert_eq!(run_for(&fx), strs(&["c"]));
     }
 
     #[test]

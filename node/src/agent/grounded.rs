@@ -2728,6 +2728,10 @@ pub struct Part {
     pub route: Route,
     /// Steps in the order they run (a bridge's second step is added after the first).
     pub steps: Vec<Step>,
+    /// For a direct part: the other nodes whose probe found a value for it, best first,
+    /// asked in turn when the chosen node fails ([`Inquiry::failed`]).
+    #[serde(default)]
+    pub alternates: Vec<String>,
 }
 
 /// What the host does next in a grounded inquiry.
@@ -2779,7 +2783,12 @@ impl Inquiry {
                         .collect(),
                     Route::NotFound => Vec::new(),
                 };
-                Part { sub, route, steps }
+                Part {
+                    sub,
+                    route,
+                    steps,
+                    alternates: Vec::new(),
+                }
             })
             .collect();
         Self {
@@ -2787,6 +2796,60 @@ impl Inquiry {
             me: me.to_owned(),
             parts,
         }
+    }
+
+    /// Notes, for each direct part, the other nodes whose probe (`hits`, one list per
+    /// part, as [`Planner::hits`] gives them) located a value for it, best first: the
+    /// replacements [`Inquiry::failed`] hands the part to.
+    pub fn with_alternates(mut self, hits: &[Vec<NodeHit>]) -> Self {
+        for (p, hits) in self.parts.iter_mut().zip(hits) {
+            let Route::Direct { node_id } = &p.route else {
+                continue;
+            };
+            let mut valued: Vec<&NodeHit> = hits
+                .iter()
+                .filter(|h| {
+                    h.node_id != *node_id
+                        && h.located.span.is_some()
+                        && h.located.score >= MIN_SCORE
+                })
+                .collect();
+            valued.sort_by(|a, b| b.located.score.total_cmp(&a.located.score));
+            for h in valued {
+                if !p.alternates.contains(&h.node_id) {
+                    p.alternates.push(h.node_id.clone());
+                }
+            }
+        }
+        self
+    }
+
+    /// `node_id` failed the step asked as `text` (it did not answer, or came back with no
+    /// evidence although its probe had found some). A direct part goes to its next
+    /// alternate, which is returned (the caller adds it to the group when it is not a
+    /// member); otherwise the step is recorded as having found nothing.
+    pub fn failed(&mut self, node_id: &str, text: &str) -> Option<String> {
+        for p in &mut self.parts {
+            let direct = matches!(p.route, Route::Direct { .. });
+            let Some(s) = p
+                .steps
+                .iter_mut()
+                .find(|s| s.node_id == node_id && s.sub.text == text && s.result.is_none())
+            else {
+                continue;
+            };
+            if direct && !p.alternates.is_empty() {
+                let next = p.alternates.remove(0);
+                s.node_id = next.clone();
+                p.route = Route::Direct {
+                    node_id: next.clone(),
+                };
+                return Some(next);
+            }
+            s.result = Some(Vec::new());
+            return None;
+        }
+        None
     }
 
     /// Nodes other than this one that take part.
@@ -3465,6 +3528,65 @@ mod tests {
         assert_eq!(a.status, AnswerStatus::Answered);
         assert_eq!(a.citations.len(), 2);
         assert!(a.citations[1].quote.contains("Gate: B14"));
+    }
+
+    #[test]
+    fn a_failed_step_goes_to_the_next_node_that_found_a_value() {
+        let q = "Who is the harbour master at Port Ellery?";
+        let sub = decompose(q).remove(0);
+        let strong = document_units(
+            "a.md",
+            "The harbour master at Port Ellery is Morwenna Tregenza.",
+        );
+        let weak = document_units(
+            "b.md",
+            "Port Ellery harbour office: Morwenna Tregenza is in charge.",
+        );
+        let nothing = document_units("c.md", "The ferry leaves at 16:20.");
+        let hits: Vec<NodeHit> = [("bea", &strong), ("cal", &weak), ("dan", &nothing)]
+            .into_iter()
+            .flat_map(|(node, units)| {
+                locate(&sub, units, 4).into_iter().map(move |l| NodeHit {
+                    node_id: node.into(),
+                    located: l,
+                    prior: 0.0,
+                })
+            })
+            .collect();
+        let route = route_direct(q, &sub, &hits);
+        assert_eq!(
+            route,
+            Route::Direct {
+                node_id: "bea".into()
+            }
+        );
+        let mut inq = Inquiry::new(q, "me", vec![(sub, route)]).with_alternates(&[hits]);
+        // Only a node that found a value is an alternate; nobody else is recruited yet.
+        assert_eq!(inq.parts[0].alternates, vec!["cal".to_string()]);
+        assert_eq!(inq.members(), vec!["bea".to_string()]);
+        let Next::Assign(first) = inq.next_step() else {
+            panic!("assign")
+        };
+        assert_eq!(inq.failed("bea", &first[0].1), Some("cal".into()));
+        let Next::Assign(again) = inq.next_step() else {
+            panic!("re-assign")
+        };
+        assert_eq!(again[0].0, "cal");
+        let s = inq.step_sub("cal", &again[0].1).unwrap();
+        inq.record("cal", &again[0].1, locate(&s, &weak, 4));
+        let Next::Conclude(a) = inq.next_step() else {
+            panic!("conclude")
+        };
+        assert!(a.answer.contains("Morwenna Tregenza"), "{}", a.answer);
+        assert_eq!(a.citations[0].node_id, "cal");
+        // With no alternate left, a failure leaves the part unanswered.
+        let mut inq = inq.clone();
+        inq.parts[0].steps[0].result = None;
+        assert_eq!(inq.failed("cal", &again[0].1), None);
+        let Next::Conclude(a) = inq.next_step() else {
+            panic!("conclude")
+        };
+        assert_eq!(a.status, AnswerStatus::Unknown);
     }
 
     #[test]

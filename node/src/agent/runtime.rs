@@ -880,7 +880,7 @@ impl Agent {
                 );
             }
         }
-        let inquiry = Inquiry::new(task, &self.0.me, routed);
+        let inquiry = Inquiry::new(task, &self.0.me, routed).with_alternates(planner.hits());
         let member_ids = inquiry.members();
         self.emit(AgentEvent::TeamFormed {
             group_id: group_id.clone(),
@@ -1122,7 +1122,7 @@ impl Agent {
             group_id: group_id.clone(),
             parent: parent.clone(),
             goal: goal.clone(),
-            members: member_names.clone(),
+            members: member_names,
         });
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Input>();
         let mut peer_events = self.0.swarm.events();
@@ -1238,7 +1238,20 @@ impl Agent {
                                     .as_ref()
                                     .map(|r| r.evidence.clone())
                                     .unwrap_or_default();
-                                lock(i).record(&task.assignee, &task.desc, evidence);
+                                if evidence.is_empty() {
+                                    // Failed, or found nothing although its probe had: the
+                                    // sub-question goes to the next node that found a value,
+                                    // which joins the group before the host's next turn.
+                                    let next = lock(i).failed(&task.assignee, &task.desc);
+                                    if let Some(next) = next {
+                                        tracing::info!(from = %task.assignee, to = %next, "sub-question re-assigned");
+                                        let name = a.name_of(&next);
+                                        let _ =
+                                            tx.send(Input::Recruit(MemberRef { id: next, name }));
+                                    }
+                                } else {
+                                    lock(i).record(&task.assignee, &task.desc, evidence);
+                                }
                             }
                             let (ok, result) = match reply {
                                 Ok(r) => {
@@ -1328,7 +1341,8 @@ impl Agent {
                 });
                 return Ok(TaskResult {
                     group_id,
-                    members: member_names,
+                    // Recruits (replacements for failed members) included.
+                    members: chat.members().iter().map(|m| m.name.clone()).collect(),
                     answer: answer.answer,
                     citations: answer.citations,
                     status: answer.status,

@@ -1,0 +1,155 @@
+//! A grounded task whose chosen member fails still gets its fact from another holder:
+//! three nodes on loopback, two of them holding the fact; the better match (bea, a human
+//! proxy whose person never answers, so its task fails) is asked first, and the
+//! sub-question goes to the other holder (cal, whose sentence matches less of the
+//! question), which joins the group, before the answer is composed.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_models::engine::{Engine, EngineConfig, ModelSlot};
+use starling_node::agent::chat::TaskState;
+use starling_node::agent::runtime::AgentEvent;
+use starling_node::config::{AgentKind, HumanFallback, NodeConfig};
+use starling_node::daemon::{Node, SharedModels, StartOptions};
+
+async fn node(
+    dir: &Path,
+    name: &str,
+    doc: Option<&str>,
+    human: bool,
+    models: &SharedModels,
+    secret: &str,
+    boot: Option<&Node>,
+) -> Node {
+    let mut c = NodeConfig::default();
+    c.node.name = Some(name.into());
+    c.node.data_dir = Some(dir.join(name).join("data"));
+    c.network.listen = "127.0.0.1:0".parse().unwrap();
+    c.network.mdns = false;
+    c.network.swarm_secret = Some(secret.into());
+    c.api.listen = "127.0.0.1:0".parse().unwrap();
+    c.agent.tools = vec!["search_docs".into(), "calculator".into()];
+    c.agent.description = format!("{name}'s notes about the harbour");
+    if let Some(text) = doc {
+        let docs = dir.join(name).join("docs");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::write(docs.join("harbour.md"), text).unwrap();
+        c.agent.docs = Some(docs);
+    }
+    if human {
+        // Tasks go to a person who never answers: the task fails after a second.
+        c.agent.kind = AgentKind::Human;
+        c.agent.human_timeout_secs = 1;
+        c.agent.human_fallback = HumanFallback::Skip;
+    }
+    if let Some(b) = boot {
+        c.network.bootstrap = vec![format!(
+            "{}@{}",
+            b.swarm.node_id(),
+            b.swarm.advertised_addr()
+        )];
+    }
+    Node::start(
+        c,
+        StartOptions {
+            models: Some(models.clone()),
+            ..StartOptions::default()
+        },
+    )
+    .await
+    .expect("start node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_member_s_sub_question_goes_to_another_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    starling_models::testing::write_tiny_llama(
+        &path,
+        candle_core::quantized::GgmlDType::Q8_0,
+        2048,
+    );
+    let embedder = EmbedHandle::spawn(
+        BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
+    )
+    .unwrap();
+    let models = SharedModels {
+        chat: ModelSlot::new(Engine::load(&path, &EngineConfig::default()).unwrap()),
+        aliases: vec![],
+        embedder: Some(embedder),
+    };
+    let secret = starling_discovery::SwarmSecret::generate().to_string();
+    let d = dir.path();
+    let ada = node(d, "ada", None, false, &models, &secret, None).await;
+    let bea = node(
+        d,
+        "bea",
+        Some("# Harbour staff\n\nThe harbour master at Port Ellery is Morwenna Tregenza.\n"),
+        true,
+        &models,
+        &secret,
+        Some(&ada),
+    )
+    .await;
+    let cal = node(
+        d,
+        "cal",
+        Some("# Notes\n\nPort Ellery harbour office: Morwenna Tregenza is in charge.\n"),
+        false,
+        &models,
+        &secret,
+        Some(&ada),
+    )
+    .await;
+    let t = Instant::now();
+    while ada.agent.known_cards().len() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(20), "cards not exchanged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut events = ada.agent.events();
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        ada.agent
+            .submit("Who is the harbour master at Port Ellery?"),
+    )
+    .await
+    .expect("the task concludes")
+    .expect("the task runs");
+    // bea was asked first and failed; cal answered.
+    let mut states = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        if let AgentEvent::TaskState {
+            assignee, state, ..
+        } = e
+        {
+            states.push((assignee, state));
+        }
+    }
+    assert!(
+        states.contains(&("bea".to_owned(), TaskState::Failed)),
+        "bea's task did not fail first: {states:?}"
+    );
+    assert!(
+        result.answer.contains("Morwenna Tregenza"),
+        "answer: {} ({:?})",
+        result.answer,
+        result.citations
+    );
+    assert!(
+        result.citations.iter().any(|c| c.node == "cal"),
+        "not cited from cal: {:?}",
+        result.citations
+    );
+    assert!(
+        result.members.iter().any(|m| m == "cal"),
+        "{:?}",
+        result.members
+    );
+    for n in [&ada, &bea, &cal] {
+        n.shutdown().await;
+    }
+}
