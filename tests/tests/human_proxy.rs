@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_node::agent::chat::{ChatConfig, LaunchParams, MemberRef, Message};
 use starling_node::agent::runtime::AgentEvent;
-use starling_node::config::{AgentKind, HumanFallback, NodeConfig};
-use starling_node::daemon::{Node, SharedModels, StartOptions};
+use starling_node::daemon::{Node, SharedModels};
+
+mod support;
 
 async fn node(
     dir: &std::path::Path,
@@ -21,35 +22,12 @@ async fn node(
     secret: &str,
     boot: Option<&Node>,
 ) -> Node {
-    let mut c = NodeConfig::default();
-    c.node.name = Some(name.into());
-    c.node.data_dir = Some(dir.join(name));
-    c.network.listen = "127.0.0.1:0".parse().unwrap();
-    c.network.mdns = false;
-    c.network.swarm_secret = Some(secret.into());
-    c.api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut c = support::loopback_config(dir, name, secret, boot);
     c.agent.tools = vec!["calculator".into()];
     if human {
-        c.agent.kind = AgentKind::Human;
-        c.agent.human_timeout_secs = 2;
-        c.agent.human_fallback = HumanFallback::Skip;
+        support::human_proxy(&mut c, 2);
     }
-    if let Some(b) = boot {
-        c.network.bootstrap = vec![format!(
-            "{}@{}",
-            b.swarm.node_id(),
-            b.swarm.advertised_addr()
-        )];
-    }
-    Node::start(
-        c,
-        StartOptions {
-            models: Some(models.clone()),
-            ..StartOptions::default()
-        },
-    )
-    .await
-    .expect("start node")
+    support::start(c, models).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

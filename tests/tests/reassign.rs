@@ -13,8 +13,9 @@ use starling_models::embed::{BertEmbedder, EmbedHandle};
 use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_node::agent::chat::TaskState;
 use starling_node::agent::runtime::AgentEvent;
-use starling_node::config::{AgentKind, HumanFallback, NodeConfig};
-use starling_node::daemon::{Node, SharedModels, StartOptions};
+use starling_node::daemon::{Node, SharedModels};
+
+mod support;
 
 async fn node(
     dir: &Path,
@@ -25,43 +26,20 @@ async fn node(
     secret: &str,
     boot: Option<&Node>,
 ) -> Node {
-    let mut c = NodeConfig::default();
-    c.node.name = Some(name.into());
-    c.node.data_dir = Some(dir.join(name).join("data"));
-    c.network.listen = "127.0.0.1:0".parse().unwrap();
-    c.network.mdns = false;
-    c.network.swarm_secret = Some(secret.into());
-    c.api.listen = "127.0.0.1:0".parse().unwrap();
+    let mut c = support::loopback_config(dir, name, secret, boot);
     c.agent.tools = vec!["search_docs".into(), "calculator".into()];
     c.agent.description = format!("{name}'s notes about the harbour");
     if let Some(text) = doc {
-        let docs = dir.join(name).join("docs");
+        let docs = dir.join(format!("{name}-docs"));
         std::fs::create_dir_all(&docs).unwrap();
         std::fs::write(docs.join("harbour.md"), text).unwrap();
         c.agent.docs = Some(docs);
     }
     if human {
         // Tasks go to a person who never answers: the task fails after a second.
-        c.agent.kind = AgentKind::Human;
-        c.agent.human_timeout_secs = 1;
-        c.agent.human_fallback = HumanFallback::Skip;
+        support::human_proxy(&mut c, 1);
     }
-    if let Some(b) = boot {
-        c.network.bootstrap = vec![format!(
-            "{}@{}",
-            b.swarm.node_id(),
-            b.swarm.advertised_addr()
-        )];
-    }
-    Node::start(
-        c,
-        StartOptions {
-            models: Some(models.clone()),
-            ..StartOptions::default()
-        },
-    )
-    .await
-    .expect("start node")
+    support::start(c, models).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,49 @@
+//! What the multi-node tests share: a node's config on loopback (no mDNS, the test's swarm
+//! secret, bootstrapped from another node of the test) and starting it with shared models.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::Path;
+
+use starling_node::config::{AgentKind, HumanFallback, NodeConfig};
+use starling_node::daemon::{Node, SharedModels, StartOptions};
+
+/// A node named `name` with its data under `dir/name`, listening on loopback only, joining
+/// through `boot` when given.
+pub fn loopback_config(dir: &Path, name: &str, secret: &str, boot: Option<&Node>) -> NodeConfig {
+    let mut c = NodeConfig::default();
+    c.node.name = Some(name.into());
+    c.node.data_dir = Some(dir.join(name));
+    c.network.listen = "127.0.0.1:0".parse().unwrap();
+    c.network.mdns = false;
+    c.network.swarm_secret = Some(secret.into());
+    c.api.listen = "127.0.0.1:0".parse().unwrap();
+    if let Some(b) = boot {
+        c.network.bootstrap = vec![format!(
+            "{}@{}",
+            b.swarm.node_id(),
+            b.swarm.advertised_addr()
+        )];
+    }
+    c
+}
+
+/// Makes `c` a human proxy whose person has `timeout_secs` to answer, then is skipped.
+pub fn human_proxy(c: &mut NodeConfig, timeout_secs: u64) {
+    c.agent.kind = AgentKind::Human;
+    c.agent.human_timeout_secs = timeout_secs;
+    c.agent.human_fallback = HumanFallback::Skip;
+}
+
+/// Starts a node with `models` shared with the test's other nodes.
+pub async fn start(c: NodeConfig, models: &SharedModels) -> Node {
+    Node::start(
+        c,
+        StartOptions {
+            models: Some(models.clone()),
+            ..StartOptions::default()
+        },
+    )
+    .await
+    .expect("start node")
+}
