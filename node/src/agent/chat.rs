@@ -51,9 +51,11 @@
 //!   departed members are dropped (an assignment left with no task becomes `discuss`), a type
 //!   that is not allowed becomes `discuss` (or `conclude` when only that is allowed), pause
 //!   triggers are narrowed to running tasks (none valid: all running tasks).
-//! * **Failures.** A member that goes down ([`Input::MemberDown`]) or does not answer before its
-//!   deadline loses its turn; a member that goes down has its running tasks failed. A member
-//!   that misses [`ChatConfig::max_missed_turns`] turns in a row is treated as down. A task
+//! * **Failures.** A member that goes down ([`Input::MemberDown`]), does not answer before its
+//!   deadline, or whose answer fails ([`Input::NoAnswer`]: the call or its model failed)
+//!   loses its turn; a member that goes down has its running tasks failed. A member that
+//!   misses [`ChatConfig::max_missed_turns`] turns in a row is treated as down (never the
+//!   initiator for failed answers). A task
 //!   whose deadline passes fails. When only one member is left, it is asked to conclude (the
 //!   initiator, if it is the one left); when nobody is, the machine concludes by itself.
 //!   The host may add a member to the running group ([`Input::Recruit`]), a replacement for
@@ -508,6 +510,8 @@ pub enum LostTurnReason {
     Repetition,
     /// Went down while asked.
     MemberDown,
+    /// Its answer failed ([`Input::NoAnswer`]).
+    NoAnswer,
 }
 
 /// Why the chat paused.
@@ -629,6 +633,15 @@ pub enum Input {
     },
     /// A member went down (membership reported it, or the runtime gave up on it).
     MemberDown(String),
+    /// The speaker's answer failed (the call to it failed, or its model did): a missed
+    /// turn, counted toward [`ChatConfig::max_missed_turns`] like a timeout. The initiator
+    /// (the host) is never marked down for it.
+    NoAnswer {
+        /// The member that was asked.
+        from: String,
+        /// What failed.
+        reason: String,
+    },
     /// A member joins the running group: the replacement the host found for a member whose
     /// task failed. It can be assigned tasks and speak from now on.
     Recruit(MemberRef),
@@ -895,6 +908,7 @@ impl GroupChat {
             } => self.on_sub_team(&from, &task_id, child_group_id),
             Input::MemberDown(member) => self.on_member_down(&member, now),
             Input::Recruit(member) => self.on_recruit(member),
+            Input::NoAnswer { from, reason } => self.on_no_answer(from, &reason, now),
             Input::Tick => {
                 self.on_tick(now);
                 Ok(())
@@ -1243,14 +1257,34 @@ impl GroupChat {
             return;
         };
         let member = ask.member.clone();
+        self.missed_turn(member, LostTurnReason::Timeout, now);
+    }
+
+    fn on_no_answer(&mut self, from: String, reason: &str, now: Millis) -> Result<(), ChatError> {
+        if self.asking.as_ref().is_none_or(|a| a.member != from) {
+            return Err(ChatError::NotSpeaker {
+                from,
+                expected: self.asking.as_ref().map(|a| a.member.clone()),
+            });
+        }
+        debug!(group = %self.group_id, member = %from, %reason, "no answer");
+        self.missed_turn(from, LostTurnReason::NoAnswer, now);
+        Ok(())
+    }
+
+    /// The asked `member` missed its turn for `reason`: it loses the turn, and is treated
+    /// as down after [`ChatConfig::max_missed_turns`] in a row (never the initiator when
+    /// its answer failed: the host does not leave its own group).
+    fn missed_turn(&mut self, member: String, reason: LostTurnReason, now: Millis) {
         let missed = self.missed.entry(member.clone()).or_default();
         *missed += 1;
         let limit = self.config.max_missed_turns;
-        if limit > 0 && *missed >= limit {
+        let host_failed = reason == LostTurnReason::NoAnswer && member == self.initiator;
+        if limit > 0 && *missed >= limit && !host_failed {
             debug!(group = %self.group_id, %member, "missed too many turns: treated as down");
-            self.mark_down(&member, LostTurnReason::Timeout, now);
+            self.mark_down(&member, reason, now);
         } else {
-            self.lose_turn(member, LostTurnReason::Timeout, now);
+            self.lose_turn(member, reason, now);
         }
     }
 
@@ -2158,6 +2192,49 @@ mod tests {
         assert_eq!(chat.turn(), 2);
         // Sent in the initiator's name.
         assert_eq!(chat.messages().last().unwrap().sender, "a");
+    }
+
+    #[test]
+    fn a_failed_answer_is_a_missed_turn_and_never_evicts_the_host() {
+        // Default config: down after 2 missed turns in a row.
+        let (mut chat, _) = launch(&["a", "b", "c"], 20);
+        let no_answer = |from: &str| Input::NoAnswer {
+            from: from.into(),
+            reason: "connection lost".into(),
+        };
+        // Only the member being asked can fail to answer.
+        assert!(matches!(
+            chat.handle(no_answer("b"), T0),
+            Err(ChatError::NotSpeaker { .. })
+        ));
+        let fx = say(&mut chat, "a", discuss("over to b", &["b"]), T0);
+        assert_eq!(asked(&fx), strs(&["b"]));
+        chat.handle(no_answer("b"), T0 + 1).unwrap();
+        let fx = drain(&mut chat);
+        assert!(fx.contains(&Effect::TurnLost {
+            member: "b".into(),
+            reason: LostTurnReason::NoAnswer,
+        }));
+        assert!(chat.is_live("b"), "one failed answer is not a departure");
+        // The second in a row: b is treated as down.
+        let speaker = asked(&fx).pop().unwrap();
+        say(&mut chat, &speaker, discuss("b again", &["b"]), T0 + 2);
+        chat.handle(no_answer("b"), T0 + 3).unwrap();
+        assert!(!chat.is_live("b"));
+        // The initiator's own failed answers cost it turns, never its place.
+        let (mut chat, _) = launch(&["a", "b"], 20);
+        for k in 0..4 {
+            let fx = drain(&mut chat);
+            let now = T0 + 10 * k;
+            match asked(&fx).pop().as_deref() {
+                Some("a") | None => chat.handle(no_answer("a"), now).unwrap(),
+                Some(other) => {
+                    say(&mut chat, other, discuss("your turn", &["a"]), now);
+                    chat.handle(no_answer("a"), now + 1).unwrap();
+                }
+            }
+            assert!(chat.is_live("a"), "the host was marked down");
+        }
     }
 
     #[test]

@@ -1197,8 +1197,13 @@ impl Agent {
                                     });
                                 }
                                 Err(e) => {
+                                    // A missed turn, not a departure: membership reports
+                                    // members that are really gone.
                                     tracing::info!(member = %member, error = %e, "speaker did not answer");
-                                    let _ = tx.send(Input::MemberDown(member));
+                                    let _ = tx.send(Input::NoAnswer {
+                                        from: member,
+                                        reason: e.to_string(),
+                                    });
                                 }
                             }
                         });

@@ -171,6 +171,7 @@ pub fn print_event(ev: &AgentEvent) {
                 LostTurnReason::Timeout => "no answer in time",
                 LostTurnReason::Repetition => "it said nothing new",
                 LostTurnReason::MemberDown => "it left",
+                LostTurnReason::NoAnswer => "its answer failed",
             };
             println!("  {member} loses its turn: {why}");
         }
