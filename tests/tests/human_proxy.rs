@@ -7,7 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_node::agent::chat::{ChatConfig, LaunchParams, MemberRef, Message};
 use starling_node::agent::runtime::AgentEvent;
 use starling_node::daemon::{Node, SharedModels};
@@ -33,14 +32,8 @@ async fn node(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn human_answers_become_messages_and_silence_loses_the_turn() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    starling_models::testing::write_tiny_llama(
-        &path,
-        candle_core::quantized::GgmlDType::Q8_0,
-        2048,
-    );
     let models = SharedModels {
-        chat: ModelSlot::new(Engine::load(&path, &EngineConfig::default()).unwrap()),
+        chat: support::tiny_chat_model(dir.path()),
         aliases: vec![],
         embedder: None,
     };

@@ -10,7 +10,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use starling_models::embed::{BertEmbedder, EmbedHandle};
-use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_node::agent::chat::TaskState;
 use starling_node::agent::runtime::AgentEvent;
 use starling_node::daemon::{Node, SharedModels};
@@ -45,18 +44,12 @@ async fn node(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_member_s_sub_question_goes_to_another_holder() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    starling_models::testing::write_tiny_llama(
-        &path,
-        candle_core::quantized::GgmlDType::Q8_0,
-        2048,
-    );
     let embedder = EmbedHandle::spawn(
         BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
     )
     .unwrap();
     let models = SharedModels {
-        chat: ModelSlot::new(Engine::load(&path, &EngineConfig::default()).unwrap()),
+        chat: support::tiny_chat_model(dir.path()),
         aliases: vec![],
         embedder: Some(embedder),
     };

@@ -47,3 +47,16 @@ pub async fn start(c: NodeConfig, models: &SharedModels) -> Node {
     .await
     .expect("start node")
 }
+
+/// A tiny random-weight llama written under `dir`, loaded as a chat model (for tests whose
+/// flow does not depend on what the model says).
+pub fn tiny_chat_model(dir: &Path) -> starling_models::engine::ModelSlot {
+    use starling_models::engine::{Engine, EngineConfig, ModelSlot};
+    let path = dir.join("tiny.gguf");
+    starling_models::testing::write_tiny_llama(
+        &path,
+        candle_core::quantized::GgmlDType::Q8_0,
+        2048,
+    );
+    ModelSlot::new(Engine::load(&path, &EngineConfig::default()).unwrap())
+}
