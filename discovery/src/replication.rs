@@ -255,9 +255,9 @@ impl Replicator {
         out
     }
 
-    /// Stores a verified record; emits an event if it was new.
-    /// Stores `record`, returning whether it was new, or the store's error (for records
-    /// this node authors: the caller must know that nothing was stored).
+    /// Stores a verified record and emits an event if it was new. Returns whether it was
+    /// new, or the store's error (for records this node authors: the caller must know that
+    /// nothing was stored).
     pub(crate) fn store_checked(&self, record: Record) -> Result<bool, StoreError> {
         match self.store.insert(record.clone()) {
             Ok(true) => {

@@ -55,9 +55,9 @@
 //!   deadline, or whose answer fails ([`Input::NoAnswer`]: the call or its model failed)
 //!   loses its turn; a member that goes down has its running tasks failed. A member that
 //!   misses [`ChatConfig::max_missed_turns`] turns in a row is treated as down (never the
-//!   initiator for failed answers). A task
-//!   whose deadline passes fails. When only one member is left, it is asked to conclude (the
-//!   initiator, if it is the one left); when nobody is, the machine concludes by itself.
+//!   initiator for failed answers). A task whose deadline passes fails. When only one member
+//!   is left, it is asked to conclude (the initiator, if it is the one left); when nobody
+//!   is, the machine concludes by itself.
 //!   The host may add a member to the running group ([`Input::Recruit`]), a replacement for
 //!   one whose task failed.
 //! * **Nested teams.** An assignee may launch a sub-team for its task when

@@ -150,6 +150,20 @@ struct StoredBody {
     whole: Option<(String, f32)>,
 }
 
+impl StoredBody {
+    /// The body of a memory whose embeddings by `model` are `vectors` (an empty vector, as
+    /// without an embedder, is stored as absent).
+    fn packed(source: Option<String>, model: &str, vectors: &Vectors) -> Self {
+        let pack = |v: &[f32]| (!v.is_empty()).then(|| pack_embedding(v));
+        Self {
+            source,
+            model: model.to_owned(),
+            embedding: pack(&vectors.prompt),
+            whole: pack(&vectors.whole),
+        }
+    }
+}
+
 /// The text of a memory whose embedding is its second vector: prompt and answer.
 pub fn whole_text(prompt: &str, answer: &str) -> String {
     format!("{prompt}\n{answer}")
@@ -371,12 +385,7 @@ impl MemoryBook {
                     // Written back, so the next start does not embed them again. A failed
                     // write (a full disk) only costs that: the vectors are in memory.
                     let (memory, _) = &loaded[i];
-                    let body = StoredBody {
-                        source: memory.source.clone(),
-                        model: model.clone(),
-                        embedding: Some(pack_embedding(&v.prompt)),
-                        whole: Some(pack_embedding(&v.whole)),
-                    };
+                    let body = StoredBody::packed(memory.source.clone(), &model, &v);
                     if let Err(e) = book.0.store.set_memory_body(&memory.id, &body).await {
                         tracing::warn!(id = %memory.id, error = %e, "could not store a memory's embeddings");
                     }
@@ -748,6 +757,7 @@ impl MemoryBook {
                     out[i] = Some(Inserted::Duplicate { of });
                     continue;
                 }
+                let vectors = Vectors { prompt: emb, whole };
                 let record = MemoryRecord {
                     id: m.id.clone(),
                     domain: m.domain.clone(),
@@ -756,16 +766,10 @@ impl MemoryBook {
                     created_at: m.created_at,
                     prompt: m.prompt.clone(),
                     answer: m.answer.clone(),
-                    body: StoredBody {
-                        source: m.source.clone(),
-                        model: model.clone(),
-                        embedding: (!emb.is_empty()).then(|| pack_embedding(&emb)),
-                        whole: (!whole.is_empty()).then(|| pack_embedding(&whole)),
-                    },
+                    body: StoredBody::packed(m.source.clone(), &model, &vectors),
                     forgotten: false,
                 };
                 writes.push((i, self.0.store.insert_memory(&record)));
-                let vectors = Vectors { prompt: emb, whole };
                 // Indexed now so that a duplicate later in this batch is caught; taken out
                 // again below if its write fails.
                 self.index_locked(&mut st, m.clone(), vectors);
@@ -784,9 +788,9 @@ impl MemoryBook {
                 failed.get_or_insert(e);
             }
         }
-        let added: Vec<Inserted> = out.iter().flatten().cloned().collect();
         if let Some(e) = failed {
             // What did commit stays and is announced.
+            let added: Vec<Inserted> = out.into_iter().flatten().collect();
             self.announce(&added);
             return Err(e.into());
         }
