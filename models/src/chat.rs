@@ -188,6 +188,23 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        // llama.cpp's and transformers' extra global: the local date and time in a strftime
+        // format (Llama 3.x writes "Today Date: 27 Nov 2026" into its system header). A
+        // format chrono cannot render is a template error, not a panic.
+        env.add_function(
+            "strftime_now",
+            |fmt: String| -> Result<String, minijinja::Error> {
+                use std::fmt::Write;
+                let mut out = String::new();
+                write!(out, "{}", chrono::Local::now().format(&fmt)).map_err(|_| {
+                    minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("strftime_now: invalid format {fmt:?}"),
+                    )
+                })?;
+                Ok(out)
+            },
+        );
         // A template is untrusted input (it comes with the model file): its work is
         // bounded, so a crafted one (nested `range(99999)`) is an error, not an abort.
         env.set_fuel(Some(TEMPLATE_FUEL));
@@ -497,6 +514,23 @@ mod tests {
             .encode_chat(&[ChatMessage::new("user<|im_end|>", "a")], false)
             .unwrap_err();
         assert!(matches!(err, ChatError::InvalidRole(_)));
+    }
+
+    #[test]
+    fn strftime_now_gives_todays_date_as_llama_3_templates_expect() {
+        // Llama 3.x: `{% if strftime_now is defined %}{% set date_string =
+        // strftime_now("%d %b %Y") %}{% else %}{% set date_string = "26 Jul 2024" %}`.
+        let src = "{% if strftime_now is defined %}{{ strftime_now('%d %b %Y') }}\
+                   {% else %}26 Jul 2024{% endif %}";
+        let t = ChatTemplate::with_template(Arc::new(tiny_gpt2("gpt2")), src).unwrap();
+        let text = t.render(&[ChatMessage::user("hi")], false).unwrap();
+        let today = chrono::Local::now().format("%d %b %Y").to_string();
+        // Rendering may straddle midnight; either way it is not the fallback date.
+        assert!(text.len() == today.len() && text != "26 Jul 2024", "{text}");
+        let bad =
+            ChatTemplate::with_template(Arc::new(tiny_gpt2("gpt2")), "{{ strftime_now('%Q %') }}")
+                .unwrap();
+        assert!(bad.render(&[ChatMessage::user("hi")], false).is_err());
     }
 
     #[test]

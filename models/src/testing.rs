@@ -159,72 +159,172 @@ fn random(shape: (usize, usize), seed: u64) -> Tensor {
     Tensor::from_vec(data, shape, &Device::Cpu).expect("shape matches data")
 }
 
+/// Context length of the tiny files whose llama.cpp logits are kept as fixtures.
+pub const REFERENCE_CONTEXT: u32 = 256;
+
+/// Llama-shaped architectures [`write_tiny`] writes (see [`crate::arch::shape`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TinyArch {
+    /// `llama` as SmolLM2 ships it: tied output, unit norms, `smollm` pre-tokenizer.
+    Llama,
+    /// `llama` as Llama 3 ships it: per-dimension rotary frequency factors
+    /// (`rope_freqs.weight`), a separate output matrix, the `llama-bpe` pre-tokenizer.
+    Llama3,
+    /// `qwen2`: biases on Q, K and V, rotation of head halves, tied output, the `qwen2`
+    /// pre-tokenizer.
+    Qwen2,
+    /// `qwen3`: RMSNorm over each query and key head, a head width of its own (32, with 4
+    /// heads on a width of 64), a separate output matrix, the `qwen2` pre-tokenizer.
+    Qwen3,
+}
+
+impl TinyArch {
+    /// Every tiny architecture.
+    pub const ALL: [TinyArch; 4] = [Self::Llama, Self::Llama3, Self::Qwen2, Self::Qwen3];
+
+    /// A short lowercase name (used in fixture file names).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Llama3 => "llama3",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+
+    fn arch(self) -> &'static str {
+        match self {
+            Self::Llama | Self::Llama3 => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+
+    fn pre(self) -> &'static str {
+        match self {
+            Self::Llama => "smollm",
+            Self::Llama3 => "llama-bpe",
+            Self::Qwen2 | Self::Qwen3 => "qwen2",
+        }
+    }
+}
+
 /// Writes a tiny random-weight llama GGUF (2 layers, GQA, a byte-level BPE vocabulary with
 /// ChatML control tokens and template) to `path`: the real loading and inference code runs
 /// on it in milliseconds. Weights are quantised to `dtype`; the context is `context` tokens.
 ///
 /// Panics on failure: this is for tests.
-#[allow(clippy::expect_used, clippy::unwrap_used)]
 pub fn write_tiny_llama(path: &Path, dtype: GgmlDType, context: u32) {
+    write_tiny(path, TinyArch::Llama, dtype, context);
+}
+
+/// Writes a tiny random-weight GGUF of a llama-shaped architecture to `path` (see
+/// [`write_tiny_llama`]). The bytes depend only on the arguments, so a file written here
+/// can be read by llama.cpp once and its logits kept as a fixture.
+///
+/// Panics on failure: this is for tests.
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
     let v = vocab();
     let n_vocab = v.tokens.len();
     let q = |t: Tensor| QTensor::quantize(&t, dtype).expect("quantize");
-    let f32t = |n: usize| {
-        QTensor::quantize(
-            &Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).expect("ones"),
-            GgmlDType::F32,
-        )
-        .expect("f32")
+    let f32q = |t: Tensor| QTensor::quantize(&t, GgmlDType::F32).expect("f32");
+    let ones =
+        |n: usize| f32q(Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).expect("ones"));
+    // Norm weights near 1 and biases near 0, different per tensor (SmolLM2's file keeps
+    // the unit norms it always had).
+    let around = |n: usize, centre: f32, seed: u64| {
+        let t = (random((1, n), seed) * 5.0).expect("scale");
+        let t = (t + centre as f64).expect("shift");
+        f32q(t.reshape(n).expect("reshape"))
     };
+    let norm = |n: usize, seed: u64| match arch {
+        TinyArch::Llama => ones(n),
+        _ => around(n, 1.0, seed),
+    };
+    let head_dim = match arch {
+        TinyArch::Qwen3 => 32,
+        _ => HIDDEN / HEADS,
+    };
+    let (q_width, kv) = (HEADS * head_dim, KV_HEADS * head_dim);
     let mut tensors: Vec<(String, QTensor)> = vec![
         ("token_embd.weight".into(), q(random((n_vocab, HIDDEN), 1))),
-        ("output_norm.weight".into(), f32t(HIDDEN)),
+        ("output_norm.weight".into(), norm(HIDDEN, 2)),
     ];
-    let kv = HIDDEN / HEADS * KV_HEADS;
+    if matches!(arch, TinyArch::Llama3 | TinyArch::Qwen3) {
+        tensors.push(("output.weight".into(), q(random((n_vocab, HIDDEN), 3))));
+    }
+    if arch == TinyArch::Llama3 {
+        // Llama 3.1's scheme divides the lowest frequencies most.
+        let factors: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 + 7.0 * i as f32 / (head_dim / 2) as f32)
+            .collect();
+        let t = Tensor::from_vec(factors, head_dim / 2, &Device::Cpu).expect("factors");
+        tensors.push(("rope_freqs.weight".into(), f32q(t)));
+    }
     for l in 0..LAYERS {
         let s = 100 * (l as u64 + 1);
         let p = |n: &str| format!("blk.{l}.{n}.weight");
-        tensors.push((p("attn_norm"), f32t(HIDDEN)));
-        tensors.push((p("attn_q"), q(random((HIDDEN, HIDDEN), s + 1))));
+        tensors.push((p("attn_norm"), norm(HIDDEN, s + 10)));
+        tensors.push((p("attn_q"), q(random((q_width, HIDDEN), s + 1))));
         tensors.push((p("attn_k"), q(random((kv, HIDDEN), s + 2))));
         tensors.push((p("attn_v"), q(random((kv, HIDDEN), s + 3))));
-        tensors.push((p("attn_output"), q(random((HIDDEN, HIDDEN), s + 4))));
-        tensors.push((p("ffn_norm"), f32t(HIDDEN)));
+        if arch == TinyArch::Qwen2 {
+            let b = |n: &str| format!("blk.{l}.{n}.bias");
+            tensors.push((b("attn_q"), around(q_width, 0.0, s + 11)));
+            tensors.push((b("attn_k"), around(kv, 0.0, s + 12)));
+            tensors.push((b("attn_v"), around(kv, 0.0, s + 13)));
+        }
+        if arch == TinyArch::Qwen3 {
+            tensors.push((p("attn_q_norm"), norm(head_dim, s + 14)));
+            tensors.push((p("attn_k_norm"), norm(head_dim, s + 15)));
+        }
+        tensors.push((p("attn_output"), q(random((HIDDEN, q_width), s + 4))));
+        tensors.push((p("ffn_norm"), norm(HIDDEN, s + 16)));
         tensors.push((p("ffn_gate"), q(random((FFN, HIDDEN), s + 5))));
         tensors.push((p("ffn_up"), q(random((FFN, HIDDEN), s + 6))));
         tensors.push((p("ffn_down"), q(random((HIDDEN, FFN), s + 7))));
     }
     let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let strs = |xs: &[String]| Value::Array(xs.iter().map(|s| Value::String(s.clone())).collect());
-    let md: Vec<(&str, Value)> = vec![
-        ("general.architecture", Value::String("llama".into())),
-        ("general.name", Value::String("tiny".into())),
-        ("llama.context_length", Value::U32(context)),
-        ("llama.embedding_length", Value::U32(HIDDEN as u32)),
-        ("llama.block_count", Value::U32(LAYERS as u32)),
-        ("llama.feed_forward_length", Value::U32(FFN as u32)),
-        ("llama.attention.head_count", Value::U32(HEADS as u32)),
-        ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
-        ("llama.rope.freq_base", Value::F32(10000.0)),
+    let a = arch.arch();
+    let key = |k: &str| format!("{a}.{k}");
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        ("general.name".into(), Value::String("tiny".into())),
+        (key("context_length"), Value::U32(context)),
+        (key("embedding_length"), Value::U32(HIDDEN as u32)),
+        (key("block_count"), Value::U32(LAYERS as u32)),
+        (key("feed_forward_length"), Value::U32(FFN as u32)),
+        (key("attention.head_count"), Value::U32(HEADS as u32)),
+        (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (key("rope.freq_base"), Value::F32(10000.0)),
+        (key("rope.dimension_count"), Value::U32(head_dim as u32)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         (
-            "llama.rope.dimension_count",
-            Value::U32((HIDDEN / HEADS) as u32),
+            "tokenizer.ggml.pre".into(),
+            Value::String(arch.pre().into()),
         ),
-        ("tokenizer.ggml.model", Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre", Value::String("smollm".into())),
-        ("tokenizer.ggml.tokens", strs(&v.tokens)),
+        ("tokenizer.ggml.tokens".into(), strs(&v.tokens)),
         (
-            "tokenizer.ggml.token_type",
+            "tokenizer.ggml.token_type".into(),
             Value::Array(v.types.iter().map(|&t| Value::I32(t)).collect()),
         ),
-        ("tokenizer.ggml.merges", strs(&v.merges)),
-        ("tokenizer.ggml.bos_token_id", Value::U32(1)),
-        ("tokenizer.ggml.eos_token_id", Value::U32(2)),
-        ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
-        ("tokenizer.chat_template", Value::String(template.into())),
+        ("tokenizer.ggml.merges".into(), strs(&v.merges)),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(template.into()),
+        ),
     ];
-    let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (*k, v)).collect();
+    if arch == TinyArch::Qwen3 {
+        md.push((key("attention.key_length"), Value::U32(head_dim as u32)));
+        md.push((key("attention.value_length"), Value::U32(head_dim as u32)));
+    }
+    let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut f = std::fs::File::create(path).expect("create gguf");
     gguf_file::write(&mut f, &md_refs, &t_refs).expect("write gguf");

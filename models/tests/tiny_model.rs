@@ -12,7 +12,7 @@ use starling_models::engine::{Chunk, Engine, EngineConfig, FinishReason, Generat
 use starling_models::gguf::GgufFile;
 use starling_models::requant::{self, Requantize};
 use starling_models::sampling::SamplingOptions;
-use starling_models::testing::write_tiny_llama;
+use starling_models::testing::{write_tiny, write_tiny_llama, TinyArch};
 use starling_models::ModelError;
 
 fn tiny(dir: &Path, dtype: GgmlDType) -> PathBuf {
@@ -253,6 +253,43 @@ async fn stop_strings_end_the_output() {
     assert_eq!(done.finish_reason, FinishReason::Stop);
     let at = full.find(&stop).expect("stop occurs in the full text");
     assert_eq!(cut, full[..at]);
+}
+
+#[tokio::test]
+async fn every_llama_shaped_architecture_chats_through_the_engine() {
+    // The numbers are checked against llama.cpp in `reference_logits.rs`; here each
+    // architecture goes the product's way: metadata, tokenizer, chat template, Q4_0 weights
+    // on the CPU kernels, generation and the prompt cache.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for arch in [TinyArch::Llama3, TinyArch::Qwen2, TinyArch::Qwen3] {
+        let path = dir.path().join(format!("{}.gguf", arch.name()));
+        write_tiny(&path, arch, GgmlDType::Q4_0, 256);
+        let engine = Engine::load(&path, &EngineConfig::default()).expect("load");
+        let expected = if arch == TinyArch::Llama3 {
+            "llama"
+        } else {
+            arch.name()
+        };
+        assert_eq!(engine.info().architecture, expected);
+        let (text, first) = engine
+            .generate(greedy("what is in the box?", 12))
+            .expect("queue")
+            .text()
+            .await
+            .expect("run");
+        assert!(first.completion_tokens <= 12, "{arch:?}");
+        let (again, second) = engine
+            .generate(greedy("what is in the box?", 12))
+            .expect("queue")
+            .text()
+            .await
+            .expect("run");
+        assert_eq!(
+            again, text,
+            "{arch:?}: greedy output changed on a cached prompt"
+        );
+        assert_eq!(second.cached_prompt_tokens, second.prompt_tokens - 1);
+    }
 }
 
 #[test]

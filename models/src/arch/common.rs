@@ -206,16 +206,13 @@ pub(crate) fn rope_tables(
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
     let half = rot_dim / 2;
-    let mut cos = Vec::with_capacity(max_seq * half);
-    let mut sin = Vec::with_capacity(max_seq * half);
-    for pos in 0..max_seq {
-        for i in 0..half {
-            let freq = 1f64 / (base as f64).powf(2.0 * i as f64 / rot_dim as f64);
-            let angle = pos as f64 / factor as f64 * freq;
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
+    let rope = super::shape::Rope {
+        style: super::shape::RopeStyle::Halves,
+        base,
+        linear: factor,
+        factors: None,
+    };
+    let (cos, sin) = rope.tables(rot_dim, max_seq);
     Ok((
         Tensor::from_vec(cos, (max_seq, half), device)?,
         Tensor::from_vec(sin, (max_seq, half), device)?,

@@ -1,21 +1,28 @@
-//! Llama-family decoder (Llama 2/3, SmolLM, Mistral-style GQA) from GGUF.
+//! The llama-shaped family on candle (Llama 2/3, SmolLM2, Mistral-style GQA, Qwen2/2.5,
+//! Qwen3; [`super::shape`] says how they differ).
 //!
-//! GGUF stores the Q and K projections of llama models permuted for the interleaved
-//! ("normal") rotary layout, so rotations pair adjacent dimensions (`rope_i`).
+//! GGUF stores the Q and K projections of `llama` models permuted for the interleaved
+//! ("normal") rotary layout, so rotations pair adjacent dimensions (`rope_i`); the Qwen
+//! models rotate the two halves of each head (`rope`).
 
 use candle_core::quantized::QMatMul;
 use candle_core::{Device, Module, Tensor};
 
 use super::common::{
-    attention, attention_mask, last_logits, linear, norm_weight, rope_tables, KvCache, Projection,
+    attention, attention_mask, last_logits, linear, norm_weight, KvCache, Projection,
 };
-use super::{md_f32_or, md_u32, Transformer};
-use crate::error::{ModelError, Result};
+use super::shape::{LlamaShape, RopeStyle};
+use super::Transformer;
+use crate::error::Result;
 use crate::gguf::GgufFile;
 
 struct Layer {
     attn_norm: Tensor,
     qkv: Projection,
+    /// Biases of Q, K and V, when the model has them (qwen2).
+    qkv_bias: Option<[Tensor; 3]>,
+    /// RMSNorm weights of every query and key head (qwen3).
+    qk_norm: Option<(Tensor, Tensor)>,
     wo: QMatMul,
     ffn_norm: Tensor,
     gate_up: Projection,
@@ -23,7 +30,7 @@ struct Layer {
     cache: KvCache,
 }
 
-/// A llama model with its KV cache.
+/// A llama-shaped model with its KV cache.
 pub struct Llama {
     embeddings: candle_core::quantized::QTensor,
     layers: Vec<Layer>,
@@ -35,48 +42,21 @@ pub struct Llama {
     n_kv_head: usize,
     head_dim: usize,
     eps: f32,
+    rope: RopeStyle,
     vocab: usize,
     max_seq: usize,
     device: Device,
 }
 
 impl Llama {
-    /// Loads weights from a GGUF file whose `general.architecture` is `llama`.
+    /// Loads weights from a GGUF file whose architecture is one of [`super::shape::FAMILY`].
     pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Self> {
-        let ct = file.content();
-        let n_head = md_u32(ct, "llama.attention.head_count")? as usize;
-        let n_kv_head = md_u32(ct, "llama.attention.head_count_kv")? as usize;
-        let n_layer = md_u32(ct, "llama.block_count")? as usize;
-        let hidden = md_u32(ct, "llama.embedding_length")? as usize;
-        let ctx = md_u32(ct, "llama.context_length").unwrap_or(4096) as usize;
-        let eps = md_f32_or(ct, "llama.attention.layer_norm_rms_epsilon", 1e-5)?;
-        let base = md_f32_or(ct, "llama.rope.freq_base", 10_000.0)?;
-        if n_head == 0
-            || n_kv_head == 0
-            || !n_head.is_multiple_of(n_kv_head)
-            || !hidden.is_multiple_of(n_head)
-        {
-            return Err(ModelError::Metadata {
-                key: "llama.attention.head_count".into(),
-                reason: format!(
-                    "{n_head} heads / {n_kv_head} kv heads / width {hidden} are inconsistent"
-                ),
-            });
-        }
-        let head_dim = hidden / n_head;
-        let rot_dim = md_u32(ct, "llama.rope.dimension_count")
-            .map(|d| d as usize)
-            .unwrap_or(head_dim);
-        if rot_dim != head_dim {
-            return Err(ModelError::Metadata {
-                key: "llama.rope.dimension_count".into(),
-                reason: format!(
-                    "partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"
-                ),
-            });
-        }
-        let max_seq = max_seq_len.min(ctx).max(1);
-        let (cos, sin) = rope_tables(rot_dim, base, 1.0, max_seq, device)?;
+        let shape = LlamaShape::read(file)?;
+        let (n_head, n_kv_head, head_dim) = (shape.n_head, shape.n_kv, shape.head_dim);
+        let max_seq = max_seq_len.min(shape.ctx).max(1);
+        let (cos, sin) = shape.rope.tables(head_dim, max_seq);
+        let cos = Tensor::from_vec(cos, (max_seq, head_dim / 2), device)?;
+        let sin = Tensor::from_vec(sin, (max_seq, head_dim / 2), device)?;
 
         let embeddings = file.tensor("token_embd.weight", device)?;
         let vocab = embeddings.shape().dims()[0];
@@ -85,12 +65,28 @@ impl Llama {
         } else {
             QMatMul::from_qtensor(file.tensor("token_embd.weight", device)?)?
         };
-        let mut layers = Vec::with_capacity(n_layer);
-        for i in 0..n_layer {
+        let mut layers = Vec::with_capacity(shape.n_layer);
+        for i in 0..shape.n_layer {
             let p = |s: &str| format!("blk.{i}.{s}.weight");
+            let bias = |s: &str| norm_weight(file, &format!("blk.{i}.{s}.bias"), device);
+            let qkv_bias = if shape.qkv_bias {
+                Some([bias("attn_q")?, bias("attn_k")?, bias("attn_v")?])
+            } else {
+                None
+            };
+            let qk_norm = if shape.qk_norm {
+                Some((
+                    norm_weight(file, &p("attn_q_norm"), device)?,
+                    norm_weight(file, &p("attn_k_norm"), device)?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: norm_weight(file, &p("attn_norm"), device)?,
                 qkv: Projection::load(file, &[p("attn_q"), p("attn_k"), p("attn_v")], device)?,
+                qkv_bias,
+                qk_norm,
                 wo: linear(file, &p("attn_output"), device)?,
                 ffn_norm: norm_weight(file, &p("ffn_norm"), device)?,
                 gate_up: Projection::load(file, &[p("ffn_gate"), p("ffn_up")], device)?,
@@ -108,7 +104,8 @@ impl Llama {
             n_head,
             n_kv_head,
             head_dim,
-            eps,
+            eps: shape.eps,
+            rope: shape.rope.style,
             vocab,
             max_seq,
             device: device.clone(),
@@ -131,7 +128,12 @@ impl Transformer for Llama {
         for layer in &mut self.layers {
             let residual = &x;
             let xn = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.eps)?;
-            let qkv = layer.qkv.forward(&xn)?;
+            let mut qkv = layer.qkv.forward(&xn)?;
+            if let Some(bias) = &layer.qkv_bias {
+                for (part, b) in qkv.iter_mut().zip(bias) {
+                    *part = part.broadcast_add(b)?;
+                }
+            }
             let q = qkv[0]
                 .reshape((1, seq, h, d))?
                 .transpose(1, 2)?
@@ -141,8 +143,19 @@ impl Transformer for Llama {
                 .transpose(1, 2)?
                 .contiguous()?;
             let v = qkv[2].reshape((1, seq, kvh, d))?.transpose(1, 2)?;
-            let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
+            let (q, k) = match &layer.qk_norm {
+                Some((qn, kn)) => (
+                    candle_nn::ops::rms_norm(&q, qn, self.eps)?,
+                    candle_nn::ops::rms_norm(&k, kn, self.eps)?,
+                ),
+                None => (q, k),
+            };
+            let rotate = match self.rope {
+                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i,
+                RopeStyle::Halves => candle_nn::rotary_emb::rope,
+            };
+            let q = rotate(&q, &cos, &sin)?;
+            let k = rotate(&k, &cos, &sin)?;
             let (k, v, key_start) = layer.cache.append(&k, &v, None)?;
             let mask = if seq > 1 {
                 Some(attention_mask(

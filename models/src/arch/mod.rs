@@ -11,9 +11,10 @@ mod common;
 pub mod cpu;
 pub mod gemma3;
 pub mod llama;
+pub mod shape;
 
 /// Architectures (values of `general.architecture`) this build can run.
-pub const SUPPORTED: &[&str] = &["llama", "gemma3"];
+pub const SUPPORTED: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
 
 /// A decoder-only transformer with a KV cache.
 ///
@@ -37,11 +38,11 @@ pub trait Transformer: Send {
 pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Box<dyn Transformer>> {
     let arch = file.architecture()?;
     match arch.as_str() {
-        "llama" => match cpu::eligible(file, device) {
+        a if shape::FAMILY.contains(&a) => match cpu::eligible(file, device) {
             // The CPU kernels are several times faster than candle's on small models.
             Ok(()) => Ok(Box::new(cpu::CpuLlama::load(file, max_seq_len, 0)?)),
             Err(reason) => {
-                tracing::info!(%reason, "using the candle llama implementation");
+                tracing::info!(%reason, arch = a, "using the candle implementation");
                 Ok(Box::new(llama::Llama::load(file, device, max_seq_len)?))
             }
         },

@@ -11,6 +11,7 @@
 
 use super::ops;
 use super::pool::{Disjoint, Pool};
+use crate::arch::shape::{Rope, RopeStyle};
 
 /// Positions per key block.
 const KB: usize = 16;
@@ -44,6 +45,7 @@ pub(crate) struct Attention {
     /// Positions the cache holds, a multiple of [`KB`].
     cap: usize,
     layers: Vec<LayerCache>,
+    style: RopeStyle,
     cos: Vec<f32>,
     sin: Vec<f32>,
     scores: Vec<f32>,
@@ -51,13 +53,13 @@ pub(crate) struct Attention {
 }
 
 impl Attention {
-    /// Allocates the cache for `n_layer` layers and `max_seq` positions, and rotary tables
-    /// for frequency base `base`.
+    /// Allocates the cache for `n_layer` layers and `max_seq` positions, and the tables of
+    /// `rope`.
     pub(crate) fn new(
         dims: Dims,
         n_layer: usize,
         max_seq: usize,
-        base: f32,
+        rope: &Rope,
         threads: usize,
     ) -> Self {
         let cap = max_seq.next_multiple_of(KB);
@@ -68,22 +70,13 @@ impl Attention {
                 v: vec![0.0; size],
             })
             .collect();
-        // The same tables as the candle implementation (computed in f64).
-        let half = dims.head_dim / 2;
-        let mut cos = Vec::with_capacity(max_seq * half);
-        let mut sin = Vec::with_capacity(max_seq * half);
-        for pos in 0..max_seq {
-            for i in 0..half {
-                let freq = 1f64 / (base as f64).powf(2.0 * i as f64 / dims.head_dim as f64);
-                let angle = pos as f64 * freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
+        // The same tables as the candle implementation.
+        let (cos, sin) = rope.tables(dims.head_dim, max_seq);
         Self {
             dims,
             cap,
             layers,
+            style: rope.style,
             cos,
             sin,
             scores: vec![0.0; threads * cap],
@@ -93,7 +86,16 @@ impl Attention {
 
     /// Rotates the queries and keys of `seq` rows of `qkv` (positions `pos..`), scales the
     /// queries by `1/sqrt(head_dim)`, and writes keys and values into layer `layer`'s cache.
-    pub(crate) fn store(&mut self, layer: usize, qkv: &mut [f32], seq: usize, pos: usize) {
+    /// With `qk_norm` (query weights, key weights, epsilon), every query and key head is
+    /// RMS-normalised first.
+    pub(crate) fn store(
+        &mut self,
+        layer: usize,
+        qkv: &mut [f32],
+        seq: usize,
+        pos: usize,
+        qk_norm: Option<(&[f32], &[f32], f32)>,
+    ) {
         let Dims {
             n_head,
             n_kv,
@@ -112,12 +114,22 @@ impl Attention {
             let row = &mut qkv[c * width..(c + 1) * width];
             let (q, kv) = row.split_at_mut(n_head * d);
             let (k, v) = kv.split_at_mut(n_kv * d);
+            let rotate = match self.style {
+                RopeStyle::Interleaved => rope_interleaved,
+                RopeStyle::Halves => rope_halves,
+            };
             for head in q.chunks_exact_mut(d) {
-                rope(head, cos, sin);
+                if let Some((w, _, eps)) = qk_norm {
+                    rms_norm(head, w, eps);
+                }
+                rotate(head, cos, sin);
                 head.iter_mut().for_each(|x| *x *= scale);
             }
             for head in k.chunks_exact_mut(d) {
-                rope(head, cos, sin);
+                if let Some((_, w, eps)) = qk_norm {
+                    rms_norm(head, w, eps);
+                }
+                rotate(head, cos, sin);
             }
             let (blk, lane) = (p / KB, p % KB);
             for g in 0..n_kv {
@@ -188,11 +200,30 @@ impl Attention {
 }
 
 /// Interleaved rotary embedding (pairs of adjacent values), as candle's `rope_i`.
-fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+fn rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     for ((pair, &c), &s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
         let (a, b) = (pair[0], pair[1]);
         pair[0] = a * c - b * s;
         pair[1] = a * s + b * c;
+    }
+}
+
+/// Rotary embedding of the two halves of a head (value `i` with value `i + d/2`), as
+/// candle's `rope`.
+fn rope_halves(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let (lo, hi) = x.split_at_mut(x.len() / 2);
+    for (((a, b), &c), &s) in lo.iter_mut().zip(hi).zip(cos).zip(sin) {
+        let (x0, x1) = (*a, *b);
+        *a = x0 * c - x1 * s;
+        *b = x0 * s + x1 * c;
+    }
+}
+
+/// RMS normalisation of one head in place, with per-dimension weights.
+fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let g = ops::rms_gain(x, eps);
+    for (v, &wi) in x.iter_mut().zip(w) {
+        *v *= g * wi;
     }
 }
 
@@ -331,7 +362,13 @@ mod tests {
                 head_dim,
             };
             let pool = Pool::new(2).expect("pool");
-            let mut att = Attention::new(dims, 1, 64, 10_000.0, 2);
+            let rope = Rope {
+                style: RopeStyle::Interleaved,
+                base: 10_000.0,
+                linear: 1.0,
+                factors: None,
+            };
+            let mut att = Attention::new(dims, 1, 64, &rope, 2);
             let mut rng = StdRng::seed_from_u64(5);
             let width = dims.qkv_width();
             // Prefill 37 tokens, then decode 3 more one by one.
@@ -345,7 +382,7 @@ mod tests {
             let mut run = |from: usize, to: usize| {
                 let seq = to - from;
                 let qkv = &mut rotated[from * width..to * width];
-                att.store(0, qkv, seq, from);
+                att.store(0, qkv, seq, from, None);
                 att.attend(
                     &pool,
                     0,
@@ -364,7 +401,7 @@ mod tests {
             let rot = |v: &[f32], p: usize| {
                 let mut v = v.to_vec();
                 for h in v.chunks_exact_mut(head_dim) {
-                    rope(
+                    rope_interleaved(
                         h,
                         &att.cos[p * half..(p + 1) * half],
                         &att.sin[p * half..(p + 1) * half],

@@ -1,4 +1,5 @@
-//! A CPU implementation of llama-family models built for speed: weights stay quantised
+//! A CPU implementation of the llama-shaped family ([`crate::arch::shape`]: llama, qwen2,
+//! qwen3) built for speed: weights stay quantised
 //! (Q8_0, Q4_0, Q4_1) in a layout made for integer SIMD dot products, activations are
 //! quantised to 8-bit blocks once per matmul input, Q/K/V share one matrix product and
 //! gate/up another, the KV cache is preallocated and written in place, scratch buffers are
@@ -23,7 +24,8 @@ pub use self::kernels::Isa;
 use self::kernels::BLOCK;
 use self::pool::Pool;
 use self::quant::{Epilogue, QActs, QMatrix};
-use super::{md_f32_or, md_u32, Transformer};
+use super::shape::LlamaShape;
+use super::Transformer;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
@@ -44,9 +46,9 @@ const LAYER_WEIGHTS: [&str; 7] = [
     "ffn_down",
 ];
 
-/// Whether [`super::load`] should use this implementation for `file` on `device`: a llama
-/// model on the CPU whose weight matrices all have a kernel here, unless the environment
-/// asks for candle. Returns the reason when not.
+/// Whether [`super::load`] should use this implementation for `file` on `device`: a
+/// llama-shaped model on the CPU whose weight matrices all have a kernel here, unless the
+/// environment asks for candle. Returns the reason when not.
 pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), String> {
     if !device.is_cpu() {
         return Err("not a CPU device".into());
@@ -55,7 +57,7 @@ pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), Str
         return Err(format!("{BACKEND_ENV}=candle"));
     }
     let ct = file.content();
-    let n_layer = md_u32(ct, "llama.block_count").map_err(|e| e.to_string())? as usize;
+    let n_layer = LlamaShape::read(file).map_err(|e| e.to_string())?.n_layer;
     let mut names = vec!["token_embd.weight".to_string()];
     if file.has_tensor("output.weight") {
         names.push("output.weight".into());
@@ -78,6 +80,10 @@ pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), Str
 struct Layer {
     attn_norm: Vec<f32>,
     qkv: Vec<QMatrix>,
+    /// Biases of the `q|k|v` row (qwen2).
+    qkv_bias: Option<Vec<f32>>,
+    /// RMSNorm weights of a query head and of a key head (qwen3).
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     wo: QMatrix,
     ffn_norm: Vec<f32>,
     gate: QMatrix,
@@ -94,11 +100,13 @@ struct Scratch {
     ffn: Vec<f32>,
     ffn_up: Vec<f32>,
     acts: QActs,
+    /// Attention outputs (all query heads), when their width is not the model's.
+    acts_att: Option<QActs>,
     acts_ffn: QActs,
     logits: Vec<f32>,
 }
 
-/// A llama model run by the CPU kernels of this module.
+/// A llama-shaped model run by the CPU kernels of this module.
 pub struct CpuLlama {
     layers: Vec<Layer>,
     /// Token embeddings; `None` when they are the output matrix (tied weights).
@@ -152,53 +160,34 @@ fn load_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
 }
 
 impl CpuLlama {
-    /// Loads a llama GGUF file for at most `max_seq_len` positions (capped by the model's
-    /// context length), using `threads` threads (0: candle's setting, i.e.
+    /// Loads a llama-shaped GGUF file for at most `max_seq_len` positions (capped by the
+    /// model's context length), using `threads` threads (0: candle's setting, i.e.
     /// `RAYON_NUM_THREADS` or all cores).
     pub fn load(file: &GgufFile, max_seq_len: usize, threads: usize) -> Result<Self> {
         let ct = file.content();
-        let n_head = md_u32(ct, "llama.attention.head_count")? as usize;
-        let n_kv = md_u32(ct, "llama.attention.head_count_kv")? as usize;
-        let n_layer = md_u32(ct, "llama.block_count")? as usize;
-        let hidden = md_u32(ct, "llama.embedding_length")? as usize;
-        let ffn = md_u32(ct, "llama.feed_forward_length")? as usize;
-        let ctx = md_u32(ct, "llama.context_length").unwrap_or(4096) as usize;
-        let eps = md_f32_or(ct, "llama.attention.layer_norm_rms_epsilon", 1e-5)?;
-        let base = md_f32_or(ct, "llama.rope.freq_base", 10_000.0)?;
-        if n_head == 0
-            || n_kv == 0
-            || !n_head.is_multiple_of(n_kv)
-            || !hidden.is_multiple_of(n_head)
-            || !(hidden / n_head).is_multiple_of(2)
+        let shape = LlamaShape::read(file)?;
+        let (n_kv, n_layer, hidden, ffn, head_dim) = (
+            shape.n_kv,
+            shape.n_layer,
+            shape.hidden,
+            shape.ffn,
+            shape.head_dim,
+        );
+        let (q_width, kv_width) = (shape.q_width(), shape.kv_width());
+        if [hidden, ffn, q_width]
+            .iter()
+            .any(|w| !w.is_multiple_of(BLOCK))
         {
             return Err(ModelError::Metadata {
-                key: "llama.attention.head_count".into(),
+                key: format!("{}.embedding_length", shape.arch),
                 reason: format!(
-                    "{n_head} heads / {n_kv} kv heads / width {hidden} are inconsistent"
+                    "widths {hidden}, {ffn} and {q_width} must be multiples of {BLOCK}"
                 ),
             });
         }
-        let head_dim = hidden / n_head;
-        let rot_dim = md_u32(ct, "llama.rope.dimension_count")
-            .map(|d| d as usize)
-            .unwrap_or(head_dim);
-        if rot_dim != head_dim {
-            return Err(ModelError::Metadata {
-                key: "llama.rope.dimension_count".into(),
-                reason: format!(
-                    "partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"
-                ),
-            });
-        }
-        if !hidden.is_multiple_of(BLOCK) || !ffn.is_multiple_of(BLOCK) {
-            return Err(ModelError::Metadata {
-                key: "llama.embedding_length".into(),
-                reason: format!("widths {hidden} and {ffn} must be multiples of {BLOCK}"),
-            });
-        }
-        let max_seq = max_seq_len.min(ctx).max(1);
+        let max_seq = max_seq_len.min(shape.ctx).max(1);
         let dims = Dims {
-            n_head,
+            n_head: shape.n_head,
             n_kv,
             head_dim,
         };
@@ -221,10 +210,27 @@ impl CpuLlama {
         for i in 0..n_layer {
             let name = |s: &str| format!("blk.{i}.{s}.weight");
             let parts = vec![
-                load_matrix(file, &name("attn_q"), hidden, hidden)?,
-                load_matrix(file, &name("attn_k"), n_kv * head_dim, hidden)?,
-                load_matrix(file, &name("attn_v"), n_kv * head_dim, hidden)?,
+                load_matrix(file, &name("attn_q"), q_width, hidden)?,
+                load_matrix(file, &name("attn_k"), kv_width, hidden)?,
+                load_matrix(file, &name("attn_v"), kv_width, hidden)?,
             ];
+            let qkv_bias = if shape.qkv_bias {
+                let bias = |s: &str, n| load_vector(file, &format!("blk.{i}.{s}.bias"), n);
+                let mut b = bias("attn_q", q_width)?;
+                b.extend(bias("attn_k", kv_width)?);
+                b.extend(bias("attn_v", kv_width)?);
+                Some(b)
+            } else {
+                None
+            };
+            let qk_norm = if shape.qk_norm {
+                Some((
+                    load_vector(file, &name("attn_q_norm"), head_dim)?,
+                    load_vector(file, &name("attn_k_norm"), head_dim)?,
+                ))
+            } else {
+                None
+            };
             // One matrix when the three share a format, so Q, K and V cost one product.
             let qkv = match QMatrix::concat(parts) {
                 Ok(m) => vec![m],
@@ -233,7 +239,9 @@ impl CpuLlama {
             layers.push(Layer {
                 attn_norm: load_vector(file, &name("attn_norm"), hidden)?,
                 qkv,
-                wo: load_matrix(file, &name("attn_output"), hidden, hidden)?,
+                qkv_bias,
+                qk_norm,
+                wo: load_matrix(file, &name("attn_output"), hidden, q_width)?,
                 ffn_norm: load_vector(file, &name("ffn_norm"), hidden)?,
                 gate: load_matrix(file, &name("ffn_gate"), ffn, hidden)?,
                 up: load_matrix(file, &name("ffn_up"), ffn, hidden)?,
@@ -268,18 +276,19 @@ impl CpuLlama {
             layers = n_layer,
             weight_mib = weight_bytes / (1 << 20),
             output = ?output.format(),
-            "CPU llama backend loaded"
+            arch = %shape.arch,
+            "CPU llama-family backend loaded"
         );
         Ok(Self {
             layers,
             embeddings,
             output,
             output_norm: load_vector(file, "output_norm.weight", hidden)?,
-            attention: Attention::new(dims, n_layer, max_seq, base, threads),
+            attention: Attention::new(dims, n_layer, max_seq, &shape.rope, threads),
             dims,
             hidden,
             ffn,
-            eps,
+            eps: shape.eps,
             vocab,
             max_seq,
             len: 0,
@@ -291,6 +300,7 @@ impl CpuLlama {
                 ffn: Vec::new(),
                 ffn_up: Vec::new(),
                 acts: QActs::new(hidden),
+                acts_att: (q_width != hidden).then(|| QActs::new(q_width)),
                 acts_ffn: QActs::new(ffn),
                 logits: vec![0.0; vocab],
             },
@@ -317,10 +327,14 @@ impl CpuLlama {
         s.tokens = seq;
         s.x.resize(seq * self.hidden, 0.0);
         s.qkv.resize(seq * self.dims.qkv_width(), 0.0);
-        s.att.resize(seq * self.hidden, 0.0);
+        s.att
+            .resize(seq * self.dims.n_head * self.dims.head_dim, 0.0);
         s.ffn.resize(seq * self.ffn, 0.0);
         s.ffn_up.resize(seq * self.ffn, 0.0);
         s.acts.reserve(seq);
+        if let Some(a) = &mut s.acts_att {
+            a.reserve(seq);
+        }
         s.acts_ffn.reserve(seq);
     }
 }
@@ -356,15 +370,25 @@ impl Transformer for CpuLlama {
                 );
                 col += rows;
             }
-            self.attention.store(li, &mut s.qkv, seq, pos);
+            if let Some(bias) = &layer.qkv_bias {
+                for row in s.qkv[..seq * qkv_width].chunks_exact_mut(qkv_width) {
+                    row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+                }
+            }
+            let qk_norm = layer
+                .qk_norm
+                .as_ref()
+                .map(|(q, k)| (q.as_slice(), k.as_slice(), eps));
+            self.attention.store(li, &mut s.qkv, seq, pos, qk_norm);
             self.attention
                 .attend(pool, li, &s.qkv, seq, pos, &mut s.att);
-            quant::quantize(pool, &s.att, seq, None, &mut s.acts);
+            let att_acts = s.acts_att.as_mut().unwrap_or(&mut s.acts);
+            quant::quantize(pool, &s.att, seq, None, att_acts);
             quant::matmul(
                 pool,
                 isa,
                 &layer.wo,
-                &s.acts,
+                att_acts,
                 seq,
                 &mut s.x,
                 hidden,

@@ -1,0 +1,255 @@
+//! The llama-shaped family: pre-norm decoder blocks with RMSNorm, rotary attention over
+//! grouped KV heads and a SwiGLU feed-forward, in the GGUF tensor layout llama.cpp uses.
+//!
+//! Its members differ only in details this module reads once from the file:
+//! - `llama` (Llama 2/3, SmolLM2, Mistral): rotation of adjacent pairs (the converter
+//!   permutes Q and K for it), optional per-dimension rotary frequency factors
+//!   (`rope_freqs.weight`, Llama 3.1/3.2's long-context scaling) and optional linear scaling;
+//! - `qwen2` (Qwen2, Qwen2.5): biases on Q, K and V, rotation of the two halves of a head;
+//! - `qwen3`: no biases, an RMSNorm over every query and key head before the rotation, and a
+//!   head width of its own (`attention.key_length`, not model width / heads).
+//!
+//! So one implementation per backend runs them all ([`super::llama::Llama`] on candle,
+//! [`super::cpu::CpuLlama`] on the CPU kernels).
+
+use candle_core::quantized::gguf_file;
+
+use super::{md_f32_or, md_u32};
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufFile;
+
+/// Values of `general.architecture` that are llama-shaped.
+pub const FAMILY: &[&str] = &["llama", "qwen2", "qwen3"];
+
+/// Which dimensions of a head the rotary embedding rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimensions `2i` and `2i + 1` (llama.cpp's "normal" rope, candle's `rope_i`).
+    Interleaved,
+    /// Dimensions `i` and `i + d/2` (llama.cpp's NeoX rope, candle's `rope`).
+    Halves,
+}
+
+/// How positions become rotation angles: angle = position / `linear` · base^(−2i/d) /
+/// `factors[i]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    /// Which dimensions rotate together.
+    pub style: RopeStyle,
+    /// `rope.freq_base`.
+    pub base: f32,
+    /// Linear position scaling (`rope.scaling.type = linear`), 1 when none.
+    pub linear: f32,
+    /// Per-pair frequency divisors (`rope_freqs.weight`, `d/2` values), when the file has them.
+    pub factors: Option<Vec<f32>>,
+}
+
+impl Rope {
+    /// Cosine and sine tables, `max_seq × d/2` values each, row-major by position. Computed
+    /// in f64 so that every backend rotates by exactly the same angles.
+    pub(crate) fn tables(&self, head_dim: usize, max_seq: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = head_dim / 2;
+        let freqs: Vec<f64> = (0..half)
+            .map(|i| {
+                let f = 1f64 / (self.base as f64).powf(2.0 * i as f64 / head_dim as f64);
+                let divisor = self
+                    .factors
+                    .as_ref()
+                    .and_then(|fs| fs.get(i))
+                    .map_or(1.0, |&x| x as f64);
+                f / divisor
+            })
+            .collect();
+        let mut cos = Vec::with_capacity(max_seq * half);
+        let mut sin = Vec::with_capacity(max_seq * half);
+        for pos in 0..max_seq {
+            for f in &freqs {
+                let angle = pos as f64 / self.linear as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+}
+
+/// Everything that tells the members of the family apart, read and checked once.
+#[derive(Clone, Debug)]
+pub struct LlamaShape {
+    /// `general.architecture`, also the prefix of the model's metadata keys.
+    pub arch: String,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_kv: usize,
+    /// Decoder blocks.
+    pub n_layer: usize,
+    /// Model (residual stream) width.
+    pub hidden: usize,
+    /// Feed-forward width.
+    pub ffn: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Trained context length.
+    pub ctx: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// Rotary embedding.
+    pub rope: Rope,
+    /// Q, K and V have biases (`blk.N.attn_{q,k,v}.bias`).
+    pub qkv_bias: bool,
+    /// Query and key heads are RMS-normalised before the rotation
+    /// (`blk.N.attn_{q,k}_norm.weight`).
+    pub qk_norm: bool,
+}
+
+fn metadata_err(key: &str, reason: impl Into<String>) -> ModelError {
+    ModelError::Metadata {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn md_string(ct: &gguf_file::Content, key: &str) -> Result<Option<String>> {
+    match ct.metadata.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .to_string()
+            .map(|s| Some(s.clone()))
+            .map_err(|e| metadata_err(key, e.to_string())),
+    }
+}
+
+impl LlamaShape {
+    /// Reads the shape of a llama-shaped file; errors name the key or tensor at fault.
+    pub fn read(file: &GgufFile) -> Result<Self> {
+        let arch = file.architecture()?;
+        let style = match arch.as_str() {
+            "llama" => RopeStyle::Interleaved,
+            "qwen2" | "qwen3" => RopeStyle::Halves,
+            _ => return Err(ModelError::UnsupportedArchitecture(arch)),
+        };
+        let ct = file.content();
+        let key = |k: &str| format!("{arch}.{k}");
+        let n_head = md_u32(ct, &key("attention.head_count"))? as usize;
+        let n_kv = match ct.metadata.get(&key("attention.head_count_kv")) {
+            None => n_head,
+            Some(_) => md_u32(ct, &key("attention.head_count_kv"))? as usize,
+        };
+        let n_layer = md_u32(ct, &key("block_count"))? as usize;
+        let hidden = md_u32(ct, &key("embedding_length"))? as usize;
+        let ffn = md_u32(ct, &key("feed_forward_length"))? as usize;
+        let ctx = md_u32(ct, &key("context_length")).unwrap_or(4096) as usize;
+        let eps = md_f32_or(ct, &key("attention.layer_norm_rms_epsilon"), 1e-5)?;
+        let base = md_f32_or(ct, &key("rope.freq_base"), 10_000.0)?;
+        if n_head == 0 || n_kv == 0 || !n_head.is_multiple_of(n_kv) {
+            return Err(metadata_err(
+                &key("attention.head_count"),
+                format!("{n_head} heads and {n_kv} kv heads are inconsistent"),
+            ));
+        }
+        let head_dim = match ct.metadata.get(&key("attention.key_length")) {
+            Some(_) => md_u32(ct, &key("attention.key_length"))? as usize,
+            None if hidden.is_multiple_of(n_head) => hidden / n_head,
+            None => {
+                return Err(metadata_err(
+                    &key("embedding_length"),
+                    format!("width {hidden} is not a multiple of {n_head} heads"),
+                ))
+            }
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(metadata_err(
+                &key("attention.key_length"),
+                format!("head width {head_dim} must be even and positive"),
+            ));
+        }
+        if let Some(v) = ct.metadata.get(&key("attention.value_length")) {
+            let v = v
+                .to_u32()
+                .map_err(|e| metadata_err(&key("attention.value_length"), e.to_string()))?;
+            if v as usize != head_dim {
+                return Err(metadata_err(
+                    &key("attention.value_length"),
+                    format!("value heads of width {v} differ from key heads of {head_dim}"),
+                ));
+            }
+        }
+        let rot_dim = md_u32(ct, &key("rope.dimension_count"))
+            .map(|d| d as usize)
+            .unwrap_or(head_dim);
+        if rot_dim != head_dim {
+            return Err(metadata_err(
+                &key("rope.dimension_count"),
+                format!("partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"),
+            ));
+        }
+        let linear = match md_string(ct, &key("rope.scaling.type"))?.as_deref() {
+            None | Some("none") => 1.0,
+            Some("linear") => md_f32_or(ct, &key("rope.scaling.factor"), 1.0)?.max(1.0),
+            Some(other) => {
+                return Err(metadata_err(
+                    &key("rope.scaling.type"),
+                    format!("rope scaling `{other}` is not supported (none and linear are)"),
+                ))
+            }
+        };
+        let factors = if file.has_tensor("rope_freqs.weight") {
+            let t = file.tensor("rope_freqs.weight", &candle_core::Device::Cpu)?;
+            let v = t
+                .dequantize(&candle_core::Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            if v.len() != head_dim / 2 || v.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+                return Err(ModelError::Tensor {
+                    name: "rope_freqs.weight".into(),
+                    reason: format!(
+                        "expected {} positive frequency factors, found {} values",
+                        head_dim / 2,
+                        v.len()
+                    ),
+                });
+            }
+            Some(v)
+        } else {
+            None
+        };
+        let qkv_bias = file.has_tensor("blk.0.attn_q.bias");
+        let qk_norm = file.has_tensor("blk.0.attn_q_norm.weight");
+        if arch == "qwen3" && !qk_norm {
+            return Err(ModelError::Tensor {
+                name: "blk.0.attn_q_norm.weight".into(),
+                reason: "missing (qwen3 normalises query and key heads)".into(),
+            });
+        }
+        Ok(Self {
+            arch,
+            n_head,
+            n_kv,
+            n_layer,
+            hidden,
+            ffn,
+            head_dim,
+            ctx,
+            eps,
+            rope: Rope {
+                style,
+                base,
+                linear,
+                factors,
+            },
+            qkv_bias,
+            qk_norm,
+        })
+    }
+
+    /// Width of all query heads together.
+    pub fn q_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of all key (or value) heads together.
+    pub fn kv_width(&self) -> usize {
+        self.n_kv * self.head_dim
+    }
+}
