@@ -130,7 +130,13 @@ fn vocab() -> Vocab {
         tokens.push(c.to_string());
         types.push(1);
     }
-    let merges = ["Ġ t", "h e", "Ġt he", "i n", "o n"];
+    // Besides a few word pieces, merges across the places where the pre-tokenizers differ
+    // (digit runs, a space before digits, contractions, runs of spaces and newlines, a
+    // lower-to-upper case change), so a wrong pre-tokenizer gives other tokens.
+    let merges = [
+        "Ġ t", "h e", "Ġt he", "i n", "o n", "1 2", "12 3", "123 4", "Ġ 1", "Ġ1 2", "2 0", "20 2",
+        "202 4", "' s", "' t", "' R", "'R E", "Ġ Ġ", "Ċ Ċ", "o W", "Ġ Y", "9 9",
+    ];
     for m in merges {
         tokens.push(m.replace(' ', ""));
         types.push(1);
@@ -176,11 +182,22 @@ pub enum TinyArch {
     /// `qwen3`: RMSNorm over each query and key head, a head width of its own (32, with 4
     /// heads on a width of 64), a separate output matrix, the `qwen2` pre-tokenizer.
     Qwen3,
+    /// `phi3` as Phi-4-mini ships it: fused `attn_qkv` and gate-then-up `ffn_up`, rotation
+    /// of 12 of a head's 16 values, LongRoPE factors with an original context of 32 (so
+    /// the long factors apply beyond 32 positions) and an attention factor, a separate
+    /// output matrix, the `gpt-4o` pre-tokenizer.
+    Phi3,
 }
 
 impl TinyArch {
     /// Every tiny architecture.
-    pub const ALL: [TinyArch; 4] = [Self::Llama, Self::Llama3, Self::Qwen2, Self::Qwen3];
+    pub const ALL: [TinyArch; 5] = [
+        Self::Llama,
+        Self::Llama3,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Phi3,
+    ];
 
     /// A short lowercase name (used in fixture file names).
     pub fn name(self) -> &'static str {
@@ -189,6 +206,7 @@ impl TinyArch {
             Self::Llama3 => "llama3",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -197,6 +215,7 @@ impl TinyArch {
             Self::Llama | Self::Llama3 => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -205,6 +224,7 @@ impl TinyArch {
             Self::Llama => "smollm",
             Self::Llama3 => "llama-bpe",
             Self::Qwen2 | Self::Qwen3 => "qwen2",
+            Self::Phi3 => "gpt-4o",
         }
     }
 }
@@ -251,7 +271,7 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         ("token_embd.weight".into(), q(random((n_vocab, HIDDEN), 1))),
         ("output_norm.weight".into(), norm(HIDDEN, 2)),
     ];
-    if matches!(arch, TinyArch::Llama3 | TinyArch::Qwen3) {
+    if matches!(arch, TinyArch::Llama3 | TinyArch::Qwen3 | TinyArch::Phi3) {
         tensors.push(("output.weight".into(), q(random((n_vocab, HIDDEN), 3))));
     }
     if arch == TinyArch::Llama3 {
@@ -262,13 +282,28 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         let t = Tensor::from_vec(factors, head_dim / 2, &Device::Cpu).expect("factors");
         tensors.push(("rope_freqs.weight".into(), f32q(t)));
     }
+    let rot_dim = if arch == TinyArch::Phi3 { 12 } else { head_dim };
+    if arch == TinyArch::Phi3 {
+        let factors = |top: f32| {
+            let v: Vec<f32> = (0..rot_dim / 2)
+                .map(|i| 1.0 + top * i as f32 / (rot_dim / 2) as f32)
+                .collect();
+            f32q(Tensor::from_vec(v, rot_dim / 2, &Device::Cpu).expect("factors"))
+        };
+        tensors.push(("rope_factors_short.weight".into(), factors(0.5)));
+        tensors.push(("rope_factors_long.weight".into(), factors(20.0)));
+    }
     for l in 0..LAYERS {
         let s = 100 * (l as u64 + 1);
         let p = |n: &str| format!("blk.{l}.{n}.weight");
         tensors.push((p("attn_norm"), norm(HIDDEN, s + 10)));
-        tensors.push((p("attn_q"), q(random((q_width, HIDDEN), s + 1))));
-        tensors.push((p("attn_k"), q(random((kv, HIDDEN), s + 2))));
-        tensors.push((p("attn_v"), q(random((kv, HIDDEN), s + 3))));
+        if arch == TinyArch::Phi3 {
+            tensors.push((p("attn_qkv"), q(random((q_width + 2 * kv, HIDDEN), s + 1))));
+        } else {
+            tensors.push((p("attn_q"), q(random((q_width, HIDDEN), s + 1))));
+            tensors.push((p("attn_k"), q(random((kv, HIDDEN), s + 2))));
+            tensors.push((p("attn_v"), q(random((kv, HIDDEN), s + 3))));
+        }
         if arch == TinyArch::Qwen2 {
             let b = |n: &str| format!("blk.{l}.{n}.bias");
             tensors.push((b("attn_q"), around(q_width, 0.0, s + 11)));
@@ -281,8 +316,12 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         }
         tensors.push((p("attn_output"), q(random((HIDDEN, q_width), s + 4))));
         tensors.push((p("ffn_norm"), norm(HIDDEN, s + 16)));
-        tensors.push((p("ffn_gate"), q(random((FFN, HIDDEN), s + 5))));
-        tensors.push((p("ffn_up"), q(random((FFN, HIDDEN), s + 6))));
+        if arch == TinyArch::Phi3 {
+            tensors.push((p("ffn_up"), q(random((2 * FFN, HIDDEN), s + 6))));
+        } else {
+            tensors.push((p("ffn_gate"), q(random((FFN, HIDDEN), s + 5))));
+            tensors.push((p("ffn_up"), q(random((FFN, HIDDEN), s + 6))));
+        }
         tensors.push((p("ffn_down"), q(random((HIDDEN, FFN), s + 7))));
     }
     let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
@@ -300,7 +339,7 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
         (key("rope.freq_base"), Value::F32(10000.0)),
-        (key("rope.dimension_count"), Value::U32(head_dim as u32)),
+        (key("rope.dimension_count"), Value::U32(rot_dim as u32)),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         (
             "tokenizer.ggml.pre".into(),
@@ -320,6 +359,10 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
             Value::String(template.into()),
         ),
     ];
+    if arch == TinyArch::Phi3 {
+        md.push((key("rope.scaling.original_context_length"), Value::U32(32)));
+        md.push((key("rope.scaling.attn_factor"), Value::F32(1.19)));
+    }
     if arch == TinyArch::Qwen3 {
         md.push((key("attention.key_length"), Value::U32(head_dim as u32)));
         md.push((key("attention.value_length"), Value::U32(head_dim as u32)));

@@ -261,7 +261,12 @@ async fn every_llama_shaped_architecture_chats_through_the_engine() {
     // architecture goes the product's way: metadata, tokenizer, chat template, Q4_0 weights
     // on the CPU kernels, generation and the prompt cache.
     let dir = tempfile::tempdir().expect("tempdir");
-    for arch in [TinyArch::Llama3, TinyArch::Qwen2, TinyArch::Qwen3] {
+    for arch in [
+        TinyArch::Llama3,
+        TinyArch::Qwen2,
+        TinyArch::Qwen3,
+        TinyArch::Phi3,
+    ] {
         let path = dir.path().join(format!("{}.gguf", arch.name()));
         write_tiny(&path, arch, GgmlDType::Q4_0, 256);
         let engine = Engine::load(&path, &EngineConfig::default()).expect("load");

@@ -31,6 +31,32 @@ impl Projection {
         Self::from_tensors(names, tensors, device)
     }
 
+    /// One stored matrix whose rows are several projections one after another (phi3's
+    /// `attn_qkv`, its gate-then-up `ffn_up`), applied as one product and cut into parts of
+    /// `widths` outputs.
+    pub(crate) fn split(
+        file: &GgufFile,
+        name: &str,
+        widths: Vec<usize>,
+        device: &Device,
+    ) -> Result<Self> {
+        let t = file.tensor(name, device)?;
+        let (n, _) = t.shape().dims2().map_err(|e| ModelError::Tensor {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        if n != widths.iter().sum::<usize>() {
+            return Err(ModelError::Tensor {
+                name: name.to_string(),
+                reason: format!("{n} rows, expected {}", widths.iter().sum::<usize>()),
+            });
+        }
+        Ok(Self::Fused {
+            mm: QMatMul::from_qtensor(t)?,
+            widths,
+        })
+    }
+
     fn from_tensors(names: &[String], tensors: Vec<QTensor>, device: &Device) -> Result<Self> {
         let mut widths = Vec::with_capacity(tensors.len());
         let mut k = None;
@@ -208,11 +234,13 @@ pub(crate) fn rope_tables(
     let half = rot_dim / 2;
     let rope = super::shape::Rope {
         style: super::shape::RopeStyle::Halves,
+        dims: rot_dim,
         base,
         linear: factor,
         factors: None,
+        attn_factor: 1.0,
     };
-    let (cos, sin) = rope.tables(rot_dim, max_seq);
+    let (cos, sin) = rope.tables(max_seq);
     Ok((
         Tensor::from_vec(cos, (max_seq, half), device)?,
         Tensor::from_vec(sin, (max_seq, half), device)?,

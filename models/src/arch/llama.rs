@@ -1,5 +1,5 @@
 //! The llama-shaped family on candle (Llama 2/3, SmolLM2, Mistral-style GQA, Qwen2/2.5,
-//! Qwen3; [`super::shape`] says how they differ).
+//! Qwen3, Phi-3/3.5/4-mini; [`super::shape`] says how they differ).
 //!
 //! GGUF stores the Q and K projections of `llama` models permuted for the interleaved
 //! ("normal") rotary layout, so rotations pair adjacent dimensions (`rope_i`); the Qwen
@@ -43,6 +43,8 @@ pub struct Llama {
     head_dim: usize,
     eps: f32,
     rope: RopeStyle,
+    /// Rotated values per head (the rest of a head passes through).
+    rot_dim: usize,
     vocab: usize,
     max_seq: usize,
     device: Device,
@@ -51,12 +53,13 @@ pub struct Llama {
 impl Llama {
     /// Loads weights from a GGUF file whose architecture is one of [`super::shape::FAMILY`].
     pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Self> {
-        let shape = LlamaShape::read(file)?;
+        let shape = LlamaShape::read(file, max_seq_len)?;
         let (n_head, n_kv_head, head_dim) = (shape.n_head, shape.n_kv, shape.head_dim);
-        let max_seq = max_seq_len.min(shape.ctx).max(1);
-        let (cos, sin) = shape.rope.tables(head_dim, max_seq);
-        let cos = Tensor::from_vec(cos, (max_seq, head_dim / 2), device)?;
-        let sin = Tensor::from_vec(sin, (max_seq, head_dim / 2), device)?;
+        let (max_seq, rot_dim) = (shape.max_seq, shape.rope.dims);
+        let (cos, sin) = shape.rope.tables(max_seq);
+        let cos = Tensor::from_vec(cos, (max_seq, rot_dim / 2), device)?;
+        let sin = Tensor::from_vec(sin, (max_seq, rot_dim / 2), device)?;
+        let (q_width, kv_width) = (shape.q_width(), shape.kv_width());
 
         let embeddings = file.tensor("token_embd.weight", device)?;
         let vocab = embeddings.shape().dims()[0];
@@ -84,12 +87,25 @@ impl Llama {
             };
             layers.push(Layer {
                 attn_norm: norm_weight(file, &p("attn_norm"), device)?,
-                qkv: Projection::load(file, &[p("attn_q"), p("attn_k"), p("attn_v")], device)?,
+                qkv: if shape.fused_qkv {
+                    Projection::split(
+                        file,
+                        &p("attn_qkv"),
+                        vec![q_width, kv_width, kv_width],
+                        device,
+                    )?
+                } else {
+                    Projection::load(file, &[p("attn_q"), p("attn_k"), p("attn_v")], device)?
+                },
                 qkv_bias,
                 qk_norm,
                 wo: linear(file, &p("attn_output"), device)?,
                 ffn_norm: norm_weight(file, &p("ffn_norm"), device)?,
-                gate_up: Projection::load(file, &[p("ffn_gate"), p("ffn_up")], device)?,
+                gate_up: if shape.fused_gate_up {
+                    Projection::split(file, &p("ffn_up"), vec![shape.ffn, shape.ffn], device)?
+                } else {
+                    Projection::load(file, &[p("ffn_gate"), p("ffn_up")], device)?
+                },
                 down: linear(file, &p("ffn_down"), device)?,
                 cache: KvCache::new(n_kv_head, head_dim, max_seq, device)?,
             });
@@ -106,6 +122,7 @@ impl Llama {
             head_dim,
             eps: shape.eps,
             rope: shape.rope.style,
+            rot_dim,
             vocab,
             max_seq,
             device: device.clone(),
@@ -154,8 +171,17 @@ impl Transformer for Llama {
                 RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i,
                 RopeStyle::Halves => candle_nn::rotary_emb::rope,
             };
-            let q = rotate(&q, &cos, &sin)?;
-            let k = rotate(&k, &cos, &sin)?;
+            let (q, k) = if self.rot_dim == d {
+                (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?)
+            } else {
+                // Partial rotary: the first `rot_dim` values of a head turn, the rest pass.
+                let part = |t: &Tensor| -> Result<Tensor> {
+                    let turned = rotate(&t.narrow(3, 0, self.rot_dim)?.contiguous()?, &cos, &sin)?;
+                    let rest = t.narrow(3, self.rot_dim, d - self.rot_dim)?;
+                    Ok(Tensor::cat(&[&turned, &rest], 3)?)
+                };
+                (part(&q)?, part(&k)?)
+            };
             let (k, v, key_start) = layer.cache.append(&k, &v, None)?;
             let mask = if seq > 1 {
                 Some(attention_mask(

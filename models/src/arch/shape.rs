@@ -7,7 +7,12 @@
 //!   (`rope_freqs.weight`, Llama 3.1/3.2's long-context scaling) and optional linear scaling;
 //! - `qwen2` (Qwen2, Qwen2.5): biases on Q, K and V, rotation of the two halves of a head;
 //! - `qwen3`: no biases, an RMSNorm over every query and key head before the rotation, and a
-//!   head width of its own (`attention.key_length`, not model width / heads).
+//!   head width of its own (`attention.key_length`, not model width / heads);
+//! - `phi3` (Phi-3, Phi-3.5, Phi-4-mini): Q, K and V in one matrix (`attn_qkv`), gate and up
+//!   in one (`ffn_up`, gate first), rotation of head halves over only part of a head
+//!   (Phi-4-mini rotates 96 of 128 values), LongRoPE's short and long frequency factors
+//!   (`rope_factors_{short,long}.weight`, the long ones when the context is longer than the
+//!   original) and an attention factor that scales the rotation (`rope.scaling.attn_factor`).
 //!
 //! So one implementation per backend runs them all ([`super::llama::Llama`] on candle,
 //! [`super::cpu::CpuLlama`] on the CPU kernels).
@@ -19,7 +24,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
 /// Values of `general.architecture` that are llama-shaped.
-pub const FAMILY: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const FAMILY: &[&str] = &["llama", "qwen2", "qwen3", "phi3"];
 
 /// Which dimensions of a head the rotary embedding rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,27 +36,34 @@ pub enum RopeStyle {
 }
 
 /// How positions become rotation angles: angle = position / `linear` · base^(−2i/d) /
-/// `factors[i]`.
+/// `factors[i]`, for the first `dims` values of a head; cosines and sines are multiplied by
+/// `attn_factor`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
     /// Which dimensions rotate together.
     pub style: RopeStyle,
+    /// How many values of a head rotate (the rest pass through).
+    pub dims: usize,
     /// `rope.freq_base`.
     pub base: f32,
     /// Linear position scaling (`rope.scaling.type = linear`), 1 when none.
     pub linear: f32,
-    /// Per-pair frequency divisors (`rope_freqs.weight`, `d/2` values), when the file has them.
+    /// Per-pair frequency divisors (`rope_freqs.weight`, or LongRoPE's factors for the
+    /// context in use; `dims/2` values), when the file has them.
     pub factors: Option<Vec<f32>>,
+    /// Scale of the cosines and sines (so of queries and keys), 1 unless the file sets
+    /// `rope.scaling.attn_factor`.
+    pub attn_factor: f32,
 }
 
 impl Rope {
-    /// Cosine and sine tables, `max_seq × d/2` values each, row-major by position. Computed
-    /// in f64 so that every backend rotates by exactly the same angles.
-    pub(crate) fn tables(&self, head_dim: usize, max_seq: usize) -> (Vec<f32>, Vec<f32>) {
-        let half = head_dim / 2;
+    /// Cosine and sine tables, `max_seq × dims/2` values each, row-major by position.
+    /// Computed in f64 so that every backend rotates by exactly the same angles.
+    pub(crate) fn tables(&self, max_seq: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = self.dims / 2;
         let freqs: Vec<f64> = (0..half)
             .map(|i| {
-                let f = 1f64 / (self.base as f64).powf(2.0 * i as f64 / head_dim as f64);
+                let f = 1f64 / (self.base as f64).powf(2.0 * i as f64 / self.dims as f64);
                 let divisor = self
                     .factors
                     .as_ref()
@@ -65,8 +77,8 @@ impl Rope {
         for pos in 0..max_seq {
             for f in &freqs {
                 let angle = pos as f64 / self.linear as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * self.attn_factor as f64) as f32);
+                sin.push((angle.sin() * self.attn_factor as f64) as f32);
             }
         }
         (cos, sin)
@@ -90,8 +102,8 @@ pub struct LlamaShape {
     pub ffn: usize,
     /// Width of one attention head.
     pub head_dim: usize,
-    /// Trained context length.
-    pub ctx: usize,
+    /// Positions the model is loaded for: the caller's limit, capped by the trained context.
+    pub max_seq: usize,
     /// RMSNorm epsilon.
     pub eps: f32,
     /// Rotary embedding.
@@ -101,6 +113,11 @@ pub struct LlamaShape {
     /// Query and key heads are RMS-normalised before the rotation
     /// (`blk.N.attn_{q,k}_norm.weight`).
     pub qk_norm: bool,
+    /// Q, K and V are one matrix (`blk.N.attn_qkv.weight`).
+    pub fused_qkv: bool,
+    /// Gate and up are one matrix of twice the feed-forward width (`blk.N.ffn_up.weight`,
+    /// gate rows first) and there is no `ffn_gate`.
+    pub fused_gate_up: bool,
 }
 
 fn metadata_err(key: &str, reason: impl Into<String>) -> ModelError {
@@ -120,13 +137,33 @@ fn md_string(ct: &gguf_file::Content, key: &str) -> Result<Option<String>> {
     }
 }
 
+/// A 1-D f32 tensor of `len` positive, finite values (rotary frequency factors).
+fn factor_tensor(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = file.tensor(name, &candle_core::Device::Cpu)?;
+    let v = t
+        .dequantize(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    if v.len() != len || v.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
+        return Err(ModelError::Tensor {
+            name: name.into(),
+            reason: format!(
+                "expected {len} positive frequency factors, found {} values",
+                v.len()
+            ),
+        });
+    }
+    Ok(v)
+}
+
 impl LlamaShape {
-    /// Reads the shape of a llama-shaped file; errors name the key or tensor at fault.
-    pub fn read(file: &GgufFile) -> Result<Self> {
+    /// Reads the shape of a llama-shaped file, to be run for at most `max_seq_len`
+    /// positions (which picks LongRoPE's factors); errors name the key or tensor at fault.
+    pub fn read(file: &GgufFile, max_seq_len: usize) -> Result<Self> {
         let arch = file.architecture()?;
         let style = match arch.as_str() {
             "llama" => RopeStyle::Interleaved,
-            "qwen2" | "qwen3" => RopeStyle::Halves,
+            "qwen2" | "qwen3" | "phi3" => RopeStyle::Halves,
             _ => return Err(ModelError::UnsupportedArchitecture(arch)),
         };
         let ct = file.content();
@@ -178,44 +215,65 @@ impl LlamaShape {
         let rot_dim = md_u32(ct, &key("rope.dimension_count"))
             .map(|d| d as usize)
             .unwrap_or(head_dim);
-        if rot_dim != head_dim {
+        if rot_dim == 0 || rot_dim > head_dim || !rot_dim.is_multiple_of(2) {
             return Err(metadata_err(
                 &key("rope.dimension_count"),
-                format!("partial rotary embeddings ({rot_dim} of {head_dim}) are not supported"),
+                format!("{rot_dim} rotary dimensions do not fit a head of {head_dim}"),
             ));
         }
+        if rot_dim != head_dim && style == RopeStyle::Interleaved {
+            return Err(metadata_err(
+                &key("rope.dimension_count"),
+                format!(
+                    "partial rotary embeddings ({rot_dim} of {head_dim}) need the halves layout"
+                ),
+            ));
+        }
+        let max_seq = max_seq_len.min(ctx).max(1);
+        let has_long = file.has_tensor("rope_factors_long.weight");
         let linear = match md_string(ct, &key("rope.scaling.type"))?.as_deref() {
             None | Some("none") => 1.0,
             Some("linear") => md_f32_or(ct, &key("rope.scaling.factor"), 1.0)?.max(1.0),
+            Some("longrope") if has_long => 1.0,
             Some(other) => {
                 return Err(metadata_err(
                     &key("rope.scaling.type"),
-                    format!("rope scaling `{other}` is not supported (none and linear are)"),
+                    format!("rope scaling `{other}` is not supported (none, linear, and longrope with its factor tensors are)"),
                 ))
             }
         };
+        let attn_factor = md_f32_or(ct, &key("rope.scaling.attn_factor"), 1.0)?;
+        if !(attn_factor.is_finite() && attn_factor > 0.0) {
+            return Err(metadata_err(
+                &key("rope.scaling.attn_factor"),
+                format!("{attn_factor} is not a positive number"),
+            ));
+        }
+        let half = rot_dim / 2;
         let factors = if file.has_tensor("rope_freqs.weight") {
-            let t = file.tensor("rope_freqs.weight", &candle_core::Device::Cpu)?;
-            let v = t
-                .dequantize(&candle_core::Device::Cpu)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            if v.len() != head_dim / 2 || v.iter().any(|&x| !(x.is_finite() && x > 0.0)) {
-                return Err(ModelError::Tensor {
-                    name: "rope_freqs.weight".into(),
-                    reason: format!(
-                        "expected {} positive frequency factors, found {} values",
-                        head_dim / 2,
-                        v.len()
-                    ),
-                });
-            }
-            Some(v)
+            Some(factor_tensor(file, "rope_freqs.weight", half)?)
+        } else if has_long || file.has_tensor("rope_factors_short.weight") {
+            // As llama.cpp: the long factors once the context exceeds the original one.
+            let original = match ct
+                .metadata
+                .get(&key("rope.scaling.original_context_length"))
+            {
+                Some(_) => md_u32(ct, &key("rope.scaling.original_context_length"))? as usize,
+                None => ctx,
+            };
+            let name = if max_seq > original {
+                "rope_factors_long.weight"
+            } else {
+                "rope_factors_short.weight"
+            };
+            Some(factor_tensor(file, name, half)?)
         } else {
             None
         };
         let qkv_bias = file.has_tensor("blk.0.attn_q.bias");
         let qk_norm = file.has_tensor("blk.0.attn_q_norm.weight");
+        let fused_qkv = file.has_tensor("blk.0.attn_qkv.weight");
+        let fused_gate_up = !file.has_tensor("blk.0.ffn_gate.weight");
         if arch == "qwen3" && !qk_norm {
             return Err(ModelError::Tensor {
                 name: "blk.0.attn_q_norm.weight".into(),
@@ -230,16 +288,20 @@ impl LlamaShape {
             hidden,
             ffn,
             head_dim,
-            ctx,
+            max_seq,
             eps,
             rope: Rope {
                 style,
+                dims: rot_dim,
                 base,
                 linear,
                 factors,
+                attn_factor,
             },
             qkv_bias,
             qk_norm,
+            fused_qkv,
+            fused_gate_up,
         })
     }
 
@@ -251,5 +313,24 @@ impl LlamaShape {
     /// Width of all key (or value) heads together.
     pub fn kv_width(&self) -> usize {
         self.n_kv * self.head_dim
+    }
+
+    /// Names of layer `i`'s 2-D weight matrices as the file stores them.
+    pub fn layer_matrices(&self, i: usize) -> Vec<String> {
+        let mut names = Vec::with_capacity(7);
+        if self.fused_qkv {
+            names.push("attn_qkv");
+        } else {
+            names.extend(["attn_q", "attn_k", "attn_v"]);
+        }
+        names.push("attn_output");
+        if !self.fused_gate_up {
+            names.push("ffn_gate");
+        }
+        names.extend(["ffn_up", "ffn_down"]);
+        names
+            .into_iter()
+            .map(|n| format!("blk.{i}.{n}.weight"))
+            .collect()
     }
 }

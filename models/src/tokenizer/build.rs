@@ -30,6 +30,10 @@ const REGEX_LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|
 /// Qwen2's split: like Llama 3 but every digit on its own.
 const REGEX_QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's (o200k) split, as its `tokenizer.json` writes it (Phi-4-mini, Llama 4): words
+/// split where the case changes, contractions kept with their word, digits in threes.
+const REGEX_GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// How text is cut into words before byte-level BPE, chosen by `tokenizer.ggml.pre`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Gpt2Pre {
@@ -41,6 +45,8 @@ pub(crate) enum Gpt2Pre {
     Llama3,
     /// The Qwen2 regex with NFC normalisation.
     Qwen2,
+    /// The GPT-4o regex.
+    Gpt4o,
 }
 
 impl Gpt2Pre {
@@ -50,6 +56,7 @@ impl Gpt2Pre {
             "smollm" | "starcoder" | "refact" => Self::DigitsThenGpt2,
             "llama3" | "llama-bpe" | "llama-v3" | "smaug-bpe" => Self::Llama3,
             "qwen2" | "deepseek-r1-qwen" => Self::Qwen2,
+            "gpt-4o" | "llama4" => Self::Gpt4o,
             other => {
                 tracing::warn!(
                     pre = other,
@@ -149,6 +156,11 @@ fn build_gpt2(vocab: &GgufVocab) -> Result<Tokenizer, TokenizerError> {
         .into(),
         Gpt2Pre::Qwen2 => Sequence::new(vec![
             split(REGEX_QWEN2)?,
+            ByteLevel::new(false, false, false).into(),
+        ])
+        .into(),
+        Gpt2Pre::Gpt4o => Sequence::new(vec![
+            split(REGEX_GPT4O)?,
             ByteLevel::new(false, false, false).into(),
         ])
         .into(),
@@ -280,6 +292,7 @@ mod tests {
         assert_eq!(Gpt2Pre::from_name("smollm"), Gpt2Pre::DigitsThenGpt2);
         assert_eq!(Gpt2Pre::from_name("llama-bpe"), Gpt2Pre::Llama3);
         assert_eq!(Gpt2Pre::from_name("qwen2"), Gpt2Pre::Qwen2);
+        assert_eq!(Gpt2Pre::from_name("gpt-4o"), Gpt2Pre::Gpt4o);
         assert_eq!(Gpt2Pre::from_name("no-such-pre"), Gpt2Pre::Gpt2);
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! * `tokenizer.ggml.model = gpt2`: byte-level BPE with the GGUF merges; the word splitter
 //!   is chosen by `tokenizer.ggml.pre` (`smollm`/`starcoder`/`refact`: digits one by one then
-//!   GPT-2; `default`/`gpt2`; `llama3`/`llama-bpe`/`smaug-bpe`; `qwen2`); unknown values fall
+//!   GPT-2; `default`/`gpt2`; `llama3`/`llama-bpe`/`smaug-bpe`; `qwen2`; `gpt-4o`/`llama4`); unknown values fall
 //!   back to GPT-2 with a warning.
 //! * `tokenizer.ggml.model = llama`: SentencePiece BPE (`▁` for spaces, `<0xNN>` byte
 //!   fallback, optional prefix space from `tokenizer.ggml.add_space_prefix`), with the GGUF

@@ -46,6 +46,8 @@ pub(crate) struct Attention {
     cap: usize,
     layers: Vec<LayerCache>,
     style: RopeStyle,
+    /// Rotated values at the start of each head.
+    rot: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
     scores: Vec<f32>,
@@ -71,12 +73,13 @@ impl Attention {
             })
             .collect();
         // The same tables as the candle implementation.
-        let (cos, sin) = rope.tables(dims.head_dim, max_seq);
+        let (cos, sin) = rope.tables(max_seq);
         Self {
             dims,
             cap,
             layers,
             style: rope.style,
+            rot: rope.dims,
             cos,
             sin,
             scores: vec![0.0; threads * cap],
@@ -102,7 +105,7 @@ impl Attention {
             head_dim: d,
         } = self.dims;
         let width = self.dims.qkv_width();
-        let half = d / 2;
+        let (rot, half) = (self.rot, self.rot / 2);
         let scale = 1.0 / (d as f32).sqrt();
         let cache = &mut self.layers[layer];
         for c in 0..seq {
@@ -122,14 +125,14 @@ impl Attention {
                 if let Some((w, _, eps)) = qk_norm {
                     rms_norm(head, w, eps);
                 }
-                rotate(head, cos, sin);
+                rotate(&mut head[..rot], cos, sin);
                 head.iter_mut().for_each(|x| *x *= scale);
             }
             for head in k.chunks_exact_mut(d) {
                 if let Some((_, w, eps)) = qk_norm {
                     rms_norm(head, w, eps);
                 }
-                rotate(head, cos, sin);
+                rotate(&mut head[..rot], cos, sin);
             }
             let (blk, lane) = (p / KB, p % KB);
             for g in 0..n_kv {
@@ -364,9 +367,11 @@ mod tests {
             let pool = Pool::new(2).expect("pool");
             let rope = Rope {
                 style: RopeStyle::Interleaved,
+                dims: head_dim,
                 base: 10_000.0,
                 linear: 1.0,
                 factors: None,
+                attn_factor: 1.0,
             };
             let mut att = Attention::new(dims, 1, 64, &rope, 2);
             let mut rng = StdRng::seed_from_u64(5);

@@ -1,5 +1,5 @@
 //! A CPU implementation of the llama-shaped family ([`crate::arch::shape`]: llama, qwen2,
-//! qwen3) built for speed: weights stay quantised
+//! qwen3, phi3) built for speed: weights stay quantised
 //! (Q8_0, Q4_0, Q4_1) in a layout made for integer SIMD dot products, activations are
 //! quantised to 8-bit blocks once per matmul input, Q/K/V share one matrix product and
 //! gate/up another, the KV cache is preallocated and written in place, scratch buffers are
@@ -36,16 +36,6 @@ pub const BACKEND_ENV: &str = "STARLING_BACKEND";
 /// Weight types the kernels run directly.
 const KERNEL_TYPES: [GgmlDType; 3] = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1];
 
-const LAYER_WEIGHTS: [&str; 7] = [
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-];
-
 /// Whether [`super::load`] should use this implementation for `file` on `device`: a
 /// llama-shaped model on the CPU whose weight matrices all have a kernel here, unless the
 /// environment asks for candle. Returns the reason when not.
@@ -57,13 +47,13 @@ pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), Str
         return Err(format!("{BACKEND_ENV}=candle"));
     }
     let ct = file.content();
-    let n_layer = LlamaShape::read(file).map_err(|e| e.to_string())?.n_layer;
+    let shape = LlamaShape::read(file, 1).map_err(|e| e.to_string())?;
     let mut names = vec!["token_embd.weight".to_string()];
     if file.has_tensor("output.weight") {
         names.push("output.weight".into());
     }
-    for i in 0..n_layer {
-        names.extend(LAYER_WEIGHTS.iter().map(|w| format!("blk.{i}.{w}.weight")));
+    for i in 0..shape.n_layer {
+        names.extend(shape.layer_matrices(i));
     }
     for name in &names {
         let info = ct
@@ -135,16 +125,33 @@ fn tensor_err(name: &str, reason: impl std::fmt::Display) -> ModelError {
 
 /// Reads a 2-D weight into the kernels' layout, checking its shape.
 fn load_matrix(file: &GgufFile, name: &str, rows: usize, k: usize) -> Result<QMatrix> {
+    Ok(load_row_blocks(file, name, &[rows], k)?.remove(0))
+}
+
+/// Reads a 2-D weight whose rows are several matrices one after another (phi3's gate-then-up
+/// `ffn_up`) as one matrix per entry of `rows`, checking the total shape.
+fn load_row_blocks(file: &GgufFile, name: &str, rows: &[usize], k: usize) -> Result<Vec<QMatrix>> {
     let t = file.tensor(name, &Device::Cpu)?;
     let (n, tk) = t.shape().dims2().map_err(|e| tensor_err(name, e))?;
-    if (n, tk) != (rows, k) {
+    let total: usize = rows.iter().sum();
+    if (n, tk) != (total, k) {
         return Err(tensor_err(
             name,
-            format!("shape {n}×{tk}, expected {rows}×{k}"),
+            format!("shape {n}×{tk}, expected {total}×{k}"),
         ));
     }
     let data = t.data()?;
-    QMatrix::from_ggml(t.dtype(), rows, k, &data).map_err(|e| tensor_err(name, e))
+    // Rows are stored one after another, each a whole number of blocks.
+    let dtype = t.dtype();
+    let row_bytes = k / dtype.block_size() * dtype.type_size();
+    let mut start = 0;
+    rows.iter()
+        .map(|&r| {
+            let bytes = &data[start * row_bytes..(start + r) * row_bytes];
+            start += r;
+            QMatrix::from_ggml(dtype, r, k, bytes).map_err(|e| tensor_err(name, e))
+        })
+        .collect()
 }
 
 fn load_vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -165,7 +172,7 @@ impl CpuLlama {
     /// `RAYON_NUM_THREADS` or all cores).
     pub fn load(file: &GgufFile, max_seq_len: usize, threads: usize) -> Result<Self> {
         let ct = file.content();
-        let shape = LlamaShape::read(file)?;
+        let shape = LlamaShape::read(file, max_seq_len)?;
         let (n_kv, n_layer, hidden, ffn, head_dim) = (
             shape.n_kv,
             shape.n_layer,
@@ -185,7 +192,7 @@ impl CpuLlama {
                 ),
             });
         }
-        let max_seq = max_seq_len.min(shape.ctx).max(1);
+        let max_seq = shape.max_seq;
         let dims = Dims {
             n_head: shape.n_head,
             n_kv,
@@ -209,11 +216,6 @@ impl CpuLlama {
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
             let name = |s: &str| format!("blk.{i}.{s}.weight");
-            let parts = vec![
-                load_matrix(file, &name("attn_q"), q_width, hidden)?,
-                load_matrix(file, &name("attn_k"), kv_width, hidden)?,
-                load_matrix(file, &name("attn_v"), kv_width, hidden)?,
-            ];
             let qkv_bias = if shape.qkv_bias {
                 let bias = |s: &str, n| load_vector(file, &format!("blk.{i}.{s}.bias"), n);
                 let mut b = bias("attn_q", q_width)?;
@@ -231,10 +233,39 @@ impl CpuLlama {
             } else {
                 None
             };
-            // One matrix when the three share a format, so Q, K and V cost one product.
-            let qkv = match QMatrix::concat(parts) {
-                Ok(m) => vec![m],
-                Err(parts) => parts,
+            let qkv = if shape.fused_qkv {
+                vec![load_matrix(
+                    file,
+                    &name("attn_qkv"),
+                    q_width + 2 * kv_width,
+                    hidden,
+                )?]
+            } else {
+                let parts = vec![
+                    load_matrix(file, &name("attn_q"), q_width, hidden)?,
+                    load_matrix(file, &name("attn_k"), kv_width, hidden)?,
+                    load_matrix(file, &name("attn_v"), kv_width, hidden)?,
+                ];
+                // One matrix when the three share a format, so Q, K and V cost one product.
+                match QMatrix::concat(parts) {
+                    Ok(m) => vec![m],
+                    Err(parts) => parts,
+                }
+            };
+            let (gate, up) = if shape.fused_gate_up {
+                let mut gu = load_row_blocks(file, &name("ffn_up"), &[ffn, ffn], hidden)?;
+                let up = gu
+                    .pop()
+                    .ok_or_else(|| tensor_err(&name("ffn_up"), "empty"))?;
+                let gate = gu
+                    .pop()
+                    .ok_or_else(|| tensor_err(&name("ffn_up"), "empty"))?;
+                (gate, up)
+            } else {
+                (
+                    load_matrix(file, &name("ffn_gate"), ffn, hidden)?,
+                    load_matrix(file, &name("ffn_up"), ffn, hidden)?,
+                )
             };
             layers.push(Layer {
                 attn_norm: load_vector(file, &name("attn_norm"), hidden)?,
@@ -243,8 +274,8 @@ impl CpuLlama {
                 qk_norm,
                 wo: load_matrix(file, &name("attn_output"), hidden, q_width)?,
                 ffn_norm: load_vector(file, &name("ffn_norm"), hidden)?,
-                gate: load_matrix(file, &name("ffn_gate"), ffn, hidden)?,
-                up: load_matrix(file, &name("ffn_up"), ffn, hidden)?,
+                gate,
+                up,
                 down: load_matrix(file, &name("ffn_down"), hidden, ffn)?,
             });
         }
