@@ -182,6 +182,9 @@ pub enum TinyArch {
     /// `qwen3`: RMSNorm over each query and key head, a head width of its own (32, with 4
     /// heads on a width of 64), a separate output matrix, the `qwen2` pre-tokenizer.
     Qwen3,
+    /// `smollm3`: 4 layers, the last of which has no rotary embedding (NoPE), the
+    /// `llama-bpe` pre-tokenizer.
+    SmolLM3,
     /// `phi3` as Phi-4-mini ships it: fused `attn_qkv` and gate-then-up `ffn_up`, rotation
     /// of 12 of a head's 16 values, LongRoPE factors with an original context of 32 (so
     /// the long factors apply beyond 32 positions) and an attention factor, a separate
@@ -191,9 +194,10 @@ pub enum TinyArch {
 
 impl TinyArch {
     /// Every tiny architecture.
-    pub const ALL: [TinyArch; 5] = [
+    pub const ALL: [TinyArch; 6] = [
         Self::Llama,
         Self::Llama3,
+        Self::SmolLM3,
         Self::Qwen2,
         Self::Qwen3,
         Self::Phi3,
@@ -206,6 +210,7 @@ impl TinyArch {
             Self::Llama3 => "llama3",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::SmolLM3 => "smollm3",
             Self::Phi3 => "phi3",
         }
     }
@@ -215,6 +220,7 @@ impl TinyArch {
             Self::Llama | Self::Llama3 => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::SmolLM3 => "smollm3",
             Self::Phi3 => "phi3",
         }
     }
@@ -222,7 +228,7 @@ impl TinyArch {
     fn pre(self) -> &'static str {
         match self {
             Self::Llama => "smollm",
-            Self::Llama3 => "llama-bpe",
+            Self::Llama3 | Self::SmolLM3 => "llama-bpe",
             Self::Qwen2 | Self::Qwen3 => "qwen2",
             Self::Phi3 => "gpt-4o",
         }
@@ -293,7 +299,8 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         tensors.push(("rope_factors_short.weight".into(), factors(0.5)));
         tensors.push(("rope_factors_long.weight".into(), factors(20.0)));
     }
-    for l in 0..LAYERS {
+    let layers = if arch == TinyArch::SmolLM3 { 4 } else { LAYERS };
+    for l in 0..layers {
         let s = 100 * (l as u64 + 1);
         let p = |n: &str| format!("blk.{l}.{n}.weight");
         tensors.push((p("attn_norm"), norm(HIDDEN, s + 10)));
@@ -333,7 +340,7 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         ("general.name".into(), Value::String("tiny".into())),
         (key("context_length"), Value::U32(context)),
         (key("embedding_length"), Value::U32(HIDDEN as u32)),
-        (key("block_count"), Value::U32(LAYERS as u32)),
+        (key("block_count"), Value::U32(layers as u32)),
         (key("feed_forward_length"), Value::U32(FFN as u32)),
         (key("attention.head_count"), Value::U32(HEADS as u32)),
         (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),

@@ -1,5 +1,5 @@
-//! Every llama-shaped architecture (llama as SmolLM2 and as Llama 3 ship it, qwen2, qwen3)
-//! against llama.cpp on the same file: the test writes a tiny random-weight Q8_0 GGUF of
+//! Every llama-shaped architecture (llama as SmolLM2 and as Llama 3 ship it, smollm3, qwen2,
+//! qwen3, phi3) against llama.cpp on the same file: the test writes a tiny random-weight Q8_0 GGUF of
 //! each, byte for byte the one `benches/llm/ref_logits.sh` gave llama.cpp, and checks that
 //! Starling's tokenizer cuts the reference text into llama.cpp's tokens and that both of
 //! Starling's backends (the CPU kernels and candle) compute llama.cpp's logits at every
@@ -89,9 +89,11 @@ fn compare(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> (f32, Vec<usize>) {
 }
 
 /// Both backends quantise activations to 8 bits as llama.cpp does, but round and sum in
-/// another order: a few percent of a logit row's spread is rounding, a wrong rotation, norm
-/// or bias is of the order of the spread itself.
-const TOLERANCE: f32 = 0.05;
+/// another order. Measured: at most 0.4% of a logit row's spread (qwen3 on candle, where the
+/// head norm is computed in another order), 0.01% elsewhere; leaving out one of the family's
+/// details (NoPE layers, an attention factor, the long factors, the rotation layout) costs
+/// 7% to 49%.
+const TOLERANCE: f32 = 0.02;
 
 #[test]
 fn llama_shaped_architectures_match_llama_cpp_logits_and_tokens() {

@@ -23,6 +23,8 @@ struct Layer {
     qkv_bias: Option<[Tensor; 3]>,
     /// RMSNorm weights of every query and key head (qwen3).
     qk_norm: Option<(Tensor, Tensor)>,
+    /// The layer applies the rotary embedding (not one of smollm3's NoPE layers).
+    rotates: bool,
     wo: QMatMul,
     ffn_norm: Tensor,
     gate_up: Projection,
@@ -99,6 +101,7 @@ impl Llama {
                 },
                 qkv_bias,
                 qk_norm,
+                rotates: shape.rotates(i),
                 wo: linear(file, &p("attn_output"), device)?,
                 ffn_norm: norm_weight(file, &p("ffn_norm"), device)?,
                 gate_up: if shape.fused_gate_up {
@@ -171,7 +174,9 @@ impl Transformer for Llama {
                 RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i,
                 RopeStyle::Halves => candle_nn::rotary_emb::rope,
             };
-            let (q, k) = if self.rot_dim == d {
+            let (q, k) = if !layer.rotates {
+                (q, k)
+            } else if self.rot_dim == d {
                 (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?)
             } else {
                 // Partial rotary: the first `rot_dim` values of a head turn, the rest pass.

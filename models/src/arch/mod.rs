@@ -14,7 +14,7 @@ pub mod llama;
 pub mod shape;
 
 /// Architectures (values of `general.architecture`) this build can run.
-pub const SUPPORTED: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3"];
+pub const SUPPORTED: &[&str] = &["llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma3"];
 
 /// A decoder-only transformer with a KV cache.
 ///

@@ -8,6 +8,7 @@
 //! - `qwen2` (Qwen2, Qwen2.5): biases on Q, K and V, rotation of the two halves of a head;
 //! - `qwen3`: no biases, an RMSNorm over every query and key head before the rotation, and a
 //!   head width of its own (`attention.key_length`, not model width / heads);
+//! - `smollm3`: as `llama`, but every fourth layer has no rotary embedding at all (NoPE);
 //! - `phi3` (Phi-3, Phi-3.5, Phi-4-mini): Q, K and V in one matrix (`attn_qkv`), gate and up
 //!   in one (`ffn_up`, gate first), rotation of head halves over only part of a head
 //!   (Phi-4-mini rotates 96 of 128 values), LongRoPE's short and long frequency factors
@@ -24,7 +25,7 @@ use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
 /// Values of `general.architecture` that are llama-shaped.
-pub const FAMILY: &[&str] = &["llama", "qwen2", "qwen3", "phi3"];
+pub const FAMILY: &[&str] = &["llama", "smollm3", "qwen2", "qwen3", "phi3"];
 
 /// Which dimensions of a head the rotary embedding rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +119,9 @@ pub struct LlamaShape {
     /// Gate and up are one matrix of twice the feed-forward width (`blk.N.ffn_up.weight`,
     /// gate rows first) and there is no `ffn_gate`.
     pub fused_gate_up: bool,
+    /// Layers `step − 1, 2·step − 1, …` skip the rotary embedding (smollm3: 4); 0 when
+    /// every layer rotates.
+    pub no_rope_step: usize,
 }
 
 fn metadata_err(key: &str, reason: impl Into<String>) -> ModelError {
@@ -162,7 +166,7 @@ impl LlamaShape {
     pub fn read(file: &GgufFile, max_seq_len: usize) -> Result<Self> {
         let arch = file.architecture()?;
         let style = match arch.as_str() {
-            "llama" => RopeStyle::Interleaved,
+            "llama" | "smollm3" => RopeStyle::Interleaved,
             "qwen2" | "qwen3" | "phi3" => RopeStyle::Halves,
             _ => return Err(ModelError::UnsupportedArchitecture(arch)),
         };
@@ -281,7 +285,6 @@ impl LlamaShape {
             });
         }
         Ok(Self {
-            arch,
             n_head,
             n_kv,
             n_layer,
@@ -302,6 +305,9 @@ impl LlamaShape {
             qk_norm,
             fused_qkv,
             fused_gate_up,
+            // As llama.cpp, which fixes SmolLM3's step rather than reading it.
+            no_rope_step: if arch == "smollm3" { 4 } else { 0 },
+            arch,
         })
     }
 
@@ -313,6 +319,11 @@ impl LlamaShape {
     /// Width of all key (or value) heads together.
     pub fn kv_width(&self) -> usize {
         self.n_kv * self.head_dim
+    }
+
+    /// Whether layer `layer` rotates its queries and keys.
+    pub fn rotates(&self, layer: usize) -> bool {
+        self.no_rope_step == 0 || !(layer + 1).is_multiple_of(self.no_rope_step)
     }
 
     /// Names of layer `i`'s 2-D weight matrices as the file stores them.

@@ -90,7 +90,7 @@ impl Attention {
     /// Rotates the queries and keys of `seq` rows of `qkv` (positions `pos..`), scales the
     /// queries by `1/sqrt(head_dim)`, and writes keys and values into layer `layer`'s cache.
     /// With `qk_norm` (query weights, key weights, epsilon), every query and key head is
-    /// RMS-normalised first.
+    /// RMS-normalised first; with `rotate` false (smollm3's NoPE layers) nothing turns.
     pub(crate) fn store(
         &mut self,
         layer: usize,
@@ -98,6 +98,7 @@ impl Attention {
         seq: usize,
         pos: usize,
         qk_norm: Option<(&[f32], &[f32], f32)>,
+        rotate: bool,
     ) {
         let Dims {
             n_head,
@@ -105,7 +106,8 @@ impl Attention {
             head_dim: d,
         } = self.dims;
         let width = self.dims.qkv_width();
-        let (rot, half) = (self.rot, self.rot / 2);
+        let rot = if rotate { self.rot } else { 0 };
+        let half = self.rot / 2;
         let scale = 1.0 / (d as f32).sqrt();
         let cache = &mut self.layers[layer];
         for c in 0..seq {
@@ -387,7 +389,7 @@ mod tests {
             let mut run = |from: usize, to: usize| {
                 let seq = to - from;
                 let qkv = &mut rotated[from * width..to * width];
-                att.store(0, qkv, seq, from, None);
+                att.store(0, qkv, seq, from, None, true);
                 att.attend(
                     &pool,
                     0,

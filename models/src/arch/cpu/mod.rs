@@ -74,6 +74,8 @@ struct Layer {
     qkv_bias: Option<Vec<f32>>,
     /// RMSNorm weights of a query head and of a key head (qwen3).
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// The layer applies the rotary embedding (not one of smollm3's NoPE layers).
+    rotates: bool,
     wo: QMatrix,
     ffn_norm: Vec<f32>,
     gate: QMatrix,
@@ -272,6 +274,7 @@ impl CpuLlama {
                 qkv,
                 qkv_bias,
                 qk_norm,
+                rotates: shape.rotates(i),
                 wo: load_matrix(file, &name("attn_output"), hidden, q_width)?,
                 ffn_norm: load_vector(file, &name("ffn_norm"), hidden)?,
                 gate,
@@ -410,7 +413,8 @@ impl Transformer for CpuLlama {
                 .qk_norm
                 .as_ref()
                 .map(|(q, k)| (q.as_slice(), k.as_slice(), eps));
-            self.attention.store(li, &mut s.qkv, seq, pos, qk_norm);
+            self.attention
+                .store(li, &mut s.qkv, seq, pos, qk_norm, layer.rotates);
             self.attention
                 .attend(pool, li, &s.qkv, seq, pos, &mut s.att);
             let att_acts = s.acts_att.as_mut().unwrap_or(&mut s.acts);
