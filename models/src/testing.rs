@@ -185,6 +185,10 @@ pub enum TinyArch {
     /// `smollm3`: 4 layers, the last of which has no rotary embedding (NoPE), the
     /// `llama-bpe` pre-tokenizer.
     SmolLM3,
+    /// `llama` in Q4_K_M's mix of k-quants (Q4_K, Q6_K for embeddings, V and down, one
+    /// Q5_K matrix) on a width of 256, as k-quants need; [`write_tiny`]'s `dtype` is not
+    /// used. The `llama-bpe` pre-tokenizer.
+    KQuants,
     /// `phi3` as Phi-4-mini ships it: fused `attn_qkv` and gate-then-up `ffn_up`, rotation
     /// of 12 of a head's 16 values, LongRoPE factors with an original context of 32 (so
     /// the long factors apply beyond 32 positions) and an attention factor, a separate
@@ -194,10 +198,11 @@ pub enum TinyArch {
 
 impl TinyArch {
     /// Every tiny architecture.
-    pub const ALL: [TinyArch; 6] = [
+    pub const ALL: [TinyArch; 7] = [
         Self::Llama,
         Self::Llama3,
         Self::SmolLM3,
+        Self::KQuants,
         Self::Qwen2,
         Self::Qwen3,
         Self::Phi3,
@@ -211,13 +216,14 @@ impl TinyArch {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::SmolLM3 => "smollm3",
+            Self::KQuants => "kquants",
             Self::Phi3 => "phi3",
         }
     }
 
     fn arch(self) -> &'static str {
         match self {
-            Self::Llama | Self::Llama3 => "llama",
+            Self::Llama | Self::Llama3 | Self::KQuants => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::SmolLM3 => "smollm3",
@@ -228,7 +234,7 @@ impl TinyArch {
     fn pre(self) -> &'static str {
         match self {
             Self::Llama => "smollm",
-            Self::Llama3 | Self::SmolLM3 => "llama-bpe",
+            Self::Llama3 | Self::SmolLM3 | Self::KQuants => "llama-bpe",
             Self::Qwen2 | Self::Qwen3 => "qwen2",
             Self::Phi3 => "gpt-4o",
         }
@@ -253,7 +259,40 @@ pub fn write_tiny_llama(path: &Path, dtype: GgmlDType, context: u32) {
 pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
     let v = vocab();
     let n_vocab = v.tokens.len();
-    let q = |t: Tensor| QTensor::quantize(&t, dtype).expect("quantize");
+    // The k-quant file is Q4_K_M's mix: Q4_K, with Q6_K for the embeddings, V and down
+    // projections, and one Q5_K matrix.
+    let (hidden, ffn) = if arch == TinyArch::KQuants {
+        (256, 512)
+    } else {
+        (HIDDEN, FFN)
+    };
+    let type_of = |name: &str| {
+        if arch != TinyArch::KQuants {
+            return dtype;
+        }
+        if name == "blk.1.attn_k" {
+            GgmlDType::Q5K
+        } else if ["token_embd", "attn_v", "ffn_down"]
+            .iter()
+            .any(|n| name.ends_with(n))
+        {
+            GgmlDType::Q6K
+        } else {
+            GgmlDType::Q4K
+        }
+    };
+    // Random layers of width 256 turn the rounding of 8-bit activations (which differs
+    // between llama.cpp's k-quant path and ours) into logit changes of 10% of their spread;
+    // smaller layer weights keep the k-quant file's function smooth enough to compare.
+    let gain = if arch == TinyArch::KQuants { 0.3 } else { 1.0 };
+    let qn = |name: &str, t: Tensor| {
+        let t = if name.starts_with("blk.") {
+            (t * gain).expect("scale")
+        } else {
+            t
+        };
+        QTensor::quantize(&t, type_of(name)).expect("quantize")
+    };
     let f32q = |t: Tensor| QTensor::quantize(&t, GgmlDType::F32).expect("f32");
     let ones =
         |n: usize| f32q(Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).expect("ones"));
@@ -270,15 +309,21 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
     };
     let head_dim = match arch {
         TinyArch::Qwen3 => 32,
-        _ => HIDDEN / HEADS,
+        _ => hidden / HEADS,
     };
     let (q_width, kv) = (HEADS * head_dim, KV_HEADS * head_dim);
     let mut tensors: Vec<(String, QTensor)> = vec![
-        ("token_embd.weight".into(), q(random((n_vocab, HIDDEN), 1))),
-        ("output_norm.weight".into(), norm(HIDDEN, 2)),
+        (
+            "token_embd.weight".into(),
+            qn("token_embd", random((n_vocab, hidden), 1)),
+        ),
+        ("output_norm.weight".into(), norm(hidden, 2)),
     ];
     if matches!(arch, TinyArch::Llama3 | TinyArch::Qwen3 | TinyArch::Phi3) {
-        tensors.push(("output.weight".into(), q(random((n_vocab, HIDDEN), 3))));
+        tensors.push((
+            "output.weight".into(),
+            qn("output", random((n_vocab, hidden), 3)),
+        ));
     }
     if arch == TinyArch::Llama3 {
         // Llama 3.1's scheme divides the lowest frequencies most.
@@ -303,13 +348,17 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
     for l in 0..layers {
         let s = 100 * (l as u64 + 1);
         let p = |n: &str| format!("blk.{l}.{n}.weight");
-        tensors.push((p("attn_norm"), norm(HIDDEN, s + 10)));
+        let q = |n: &str, t: Tensor| qn(&format!("blk.{l}.{n}"), t);
+        tensors.push((p("attn_norm"), norm(hidden, s + 10)));
         if arch == TinyArch::Phi3 {
-            tensors.push((p("attn_qkv"), q(random((q_width + 2 * kv, HIDDEN), s + 1))));
+            tensors.push((
+                p("attn_qkv"),
+                q("attn_qkv", random((q_width + 2 * kv, hidden), s + 1)),
+            ));
         } else {
-            tensors.push((p("attn_q"), q(random((q_width, HIDDEN), s + 1))));
-            tensors.push((p("attn_k"), q(random((kv, HIDDEN), s + 2))));
-            tensors.push((p("attn_v"), q(random((kv, HIDDEN), s + 3))));
+            tensors.push((p("attn_q"), q("attn_q", random((q_width, hidden), s + 1))));
+            tensors.push((p("attn_k"), q("attn_k", random((kv, hidden), s + 2))));
+            tensors.push((p("attn_v"), q("attn_v", random((kv, hidden), s + 3))));
         }
         if arch == TinyArch::Qwen2 {
             let b = |n: &str| format!("blk.{l}.{n}.bias");
@@ -321,15 +370,18 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
             tensors.push((p("attn_q_norm"), norm(head_dim, s + 14)));
             tensors.push((p("attn_k_norm"), norm(head_dim, s + 15)));
         }
-        tensors.push((p("attn_output"), q(random((HIDDEN, q_width), s + 4))));
-        tensors.push((p("ffn_norm"), norm(HIDDEN, s + 16)));
+        tensors.push((
+            p("attn_output"),
+            q("attn_output", random((hidden, q_width), s + 4)),
+        ));
+        tensors.push((p("ffn_norm"), norm(hidden, s + 16)));
         if arch == TinyArch::Phi3 {
-            tensors.push((p("ffn_up"), q(random((2 * FFN, HIDDEN), s + 6))));
+            tensors.push((p("ffn_up"), q("ffn_up", random((2 * ffn, hidden), s + 6))));
         } else {
-            tensors.push((p("ffn_gate"), q(random((FFN, HIDDEN), s + 5))));
-            tensors.push((p("ffn_up"), q(random((FFN, HIDDEN), s + 6))));
+            tensors.push((p("ffn_gate"), q("ffn_gate", random((ffn, hidden), s + 5))));
+            tensors.push((p("ffn_up"), q("ffn_up", random((ffn, hidden), s + 6))));
         }
-        tensors.push((p("ffn_down"), q(random((HIDDEN, FFN), s + 7))));
+        tensors.push((p("ffn_down"), q("ffn_down", random((hidden, ffn), s + 7))));
     }
     let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let strs = |xs: &[String]| Value::Array(xs.iter().map(|s| Value::String(s.clone())).collect());
@@ -339,9 +391,9 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         ("general.architecture".into(), Value::String(a.into())),
         ("general.name".into(), Value::String("tiny".into())),
         (key("context_length"), Value::U32(context)),
-        (key("embedding_length"), Value::U32(HIDDEN as u32)),
+        (key("embedding_length"), Value::U32(hidden as u32)),
         (key("block_count"), Value::U32(layers as u32)),
-        (key("feed_forward_length"), Value::U32(FFN as u32)),
+        (key("feed_forward_length"), Value::U32(ffn as u32)),
         (key("attention.head_count"), Value::U32(HEADS as u32)),
         (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),

@@ -1,5 +1,5 @@
-//! Every llama-shaped architecture (llama as SmolLM2 and as Llama 3 ship it, smollm3, qwen2,
-//! qwen3, phi3) against llama.cpp on the same file: the test writes a tiny random-weight Q8_0 GGUF of
+//! Every llama-shaped architecture (llama as SmolLM2 and as Llama 3 ship it and in Q4_K_M's
+//! k-quant mix, smollm3, qwen2, qwen3, phi3) against llama.cpp on the same file: the test writes a tiny random-weight Q8_0 GGUF of
 //! each, byte for byte the one `benches/llm/ref_logits.sh` gave llama.cpp, and checks that
 //! Starling's tokenizer cuts the reference text into llama.cpp's tokens and that both of
 //! Starling's backends (the CPU kernels and candle) compute llama.cpp's logits at every
@@ -54,6 +54,36 @@ fn relative_error(ours: &[f32], theirs: &[f32]) -> f32 {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     max / sd.max(1e-6)
+}
+
+/// Logits of `path`'s model at every position of `tokens`, computed in f32 from its weights
+/// dequantized exactly (candle, no activation rounding).
+fn exact_logits(path: &std::path::Path, dir: &std::path::Path, tokens: &[u32]) -> Vec<Vec<f32>> {
+    use candle_core::quantized::{gguf_file, QTensor};
+    let file = GgufFile::open(path).expect("open");
+    let ct = file.content();
+    let tensors: Vec<(String, QTensor)> = ct
+        .tensor_infos
+        .keys()
+        .map(|n| {
+            let t = file.tensor(n, &Device::Cpu).expect("tensor");
+            let f = t.dequantize(&Device::Cpu).expect("dequantize");
+            (
+                n.clone(),
+                QTensor::quantize(&f, GgmlDType::F32).expect("f32"),
+            )
+        })
+        .collect();
+    let md: Vec<(&str, &gguf_file::Value)> =
+        ct.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let f32_path = dir.join("exact-f32.gguf");
+    let mut out = std::fs::File::create(&f32_path).expect("create");
+    gguf_file::write(&mut out, &md, &refs).expect("write");
+    drop(out);
+    let f32_file = GgufFile::open(&f32_path).expect("open f32");
+    let mut model = Llama::load(&f32_file, &Device::Cpu, 64).expect("load f32");
+    stepwise(&mut model, tokens)
 }
 
 fn argmax(x: &[f32]) -> usize {
@@ -123,6 +153,25 @@ fn llama_shaped_architectures_match_llama_cpp_logits_and_tokens() {
             ("candle", &mut candle as &mut dyn Transformer),
         ] {
             let steps = stepwise(model, eval);
+            if arch == TinyArch::KQuants && backend == "cpu" {
+                // llama.cpp (and candle) multiply k-quant weights with activations rounded
+                // to 8 bits per 256 values, the CPU kernels per 32, and this random model
+                // turns either rounding into logit changes of a few percent. So both are
+                // measured against the exact function (the same weights in f32, no
+                // activation rounding): ours must be no further from it than llama.cpp's.
+                let exact = exact_logits(&path, dir.path(), eval);
+                let (ours, _) = compare(&steps, &exact);
+                let (theirs, _) = compare(&fx.logits, &exact);
+                assert!(
+                    ours <= 1.25 * theirs + 0.005,
+                    "{name} on {backend}: {ours:.4} of a row's spread from the exact logits, \
+                     llama.cpp {theirs:.4}"
+                );
+                report.push(format!(
+                    "{name}/{backend}: {ours:.4} from exact (llama.cpp {theirs:.4})"
+                ));
+                continue;
+            }
             let (worst, flips) = compare(&steps, &fx.logits);
             assert!(
                 worst < TOLERANCE && flips.is_empty(),

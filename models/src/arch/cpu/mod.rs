@@ -1,6 +1,7 @@
-//! A CPU implementation of the llama-shaped family ([`crate::arch::shape`]: llama, qwen2,
-//! qwen3, phi3) built for speed: weights stay quantised
-//! (Q8_0, Q4_0, Q4_1) in a layout made for integer SIMD dot products, activations are
+//! A CPU implementation of the llama-shaped family ([`crate::arch::shape`]: llama, smollm3,
+//! qwen2, qwen3, phi3) built for speed: weights stay quantised (Q8_0, Q4_0, Q4_1, and Q4_K
+//! repacked as 4-bit blocks of 32 with their own scale and minimum; Q5_K and Q6_K become
+//! Q8_0 in memory) in a layout made for integer SIMD dot products, activations are
 //! quantised to 8-bit blocks once per matmul input, Q/K/V share one matrix product and
 //! gate/up another, the KV cache is preallocated and written in place, scratch buffers are
 //! reused so a decode step does not allocate (besides the returned logits), and the work of
@@ -33,8 +34,19 @@ use crate::gguf::GgufFile;
 /// anything else (or nothing) lets [`super::load`] pick this one when it can.
 pub const BACKEND_ENV: &str = "STARLING_BACKEND";
 
-/// Weight types the kernels run directly.
-const KERNEL_TYPES: [GgmlDType; 3] = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1];
+/// Weight types the kernels run directly (Q4_K's 4-bit values in the Q4_1 layout, with a
+/// scale and minimum per 32 values).
+const KERNEL_TYPES: [GgmlDType; 4] = [
+    GgmlDType::Q8_0,
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q4K,
+];
+
+/// Weight types converted to Q8_0 in memory at load time: the rest of the Q4_K_M and Q5_K_M
+/// mixes. Q8_0's step is at most a quarter of Q6_K's (its 8 bits cover the block's largest
+/// value, Q6_K's 6 bits the same range with finer 16-value scales), so little is lost.
+const CONVERTED_TYPES: [GgmlDType; 2] = [GgmlDType::Q5K, GgmlDType::Q6K];
 
 /// Whether [`super::load`] should use this implementation for `file` on `device`: a
 /// llama-shaped model on the CPU whose weight matrices all have a kernel here, unless the
@@ -60,7 +72,7 @@ pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), Str
             .tensor_infos
             .get(name)
             .ok_or_else(|| format!("tensor {name} is missing"))?;
-        if !KERNEL_TYPES.contains(&info.ggml_dtype) {
+        if !KERNEL_TYPES.contains(&info.ggml_dtype) && !CONVERTED_TYPES.contains(&info.ggml_dtype) {
             return Err(format!("tensor {name} is {:?}", info.ggml_dtype));
         }
     }
@@ -133,7 +145,13 @@ fn load_matrix(file: &GgufFile, name: &str, rows: usize, k: usize) -> Result<QMa
 /// Reads a 2-D weight whose rows are several matrices one after another (phi3's gate-then-up
 /// `ffn_up`) as one matrix per entry of `rows`, checking the total shape.
 fn load_row_blocks(file: &GgufFile, name: &str, rows: &[usize], k: usize) -> Result<Vec<QMatrix>> {
-    let t = file.tensor(name, &Device::Cpu)?;
+    let mut t = file.tensor(name, &Device::Cpu)?;
+    if CONVERTED_TYPES.contains(&t.dtype()) {
+        t = candle_core::quantized::QTensor::quantize(
+            &t.dequantize(&Device::Cpu)?,
+            GgmlDType::Q8_0,
+        )?;
+    }
     let (n, tk) = t.shape().dims2().map_err(|e| tensor_err(name, e))?;
     let total: usize = rows.iter().sum();
     if (n, tk) != (total, k) {
