@@ -335,14 +335,14 @@ async fn invalid_requests_get_openai_errors_with_the_right_status() {
             Some("messages[0].role"),
         ),
         (
-            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            json!({"messages": [{"role": "function", "content": "x"}]}),
             400,
             Some("messages[0].role"),
         ),
         (
             json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
             400,
-            Some("tools"),
+            Some("tools[0]"),
         ),
         (
             json!({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4o"}),
@@ -648,5 +648,190 @@ async fn response_format_constrains_the_output() {
     let (status, body) = post(&server, "/v1/chat/completions", &bad).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(error_of(&body)["param"], "response_format");
+    server.stop().await;
+}
+
+/// Two tools with small argument spaces, so random weights finish a call in a few tokens.
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "maxLength": 8}},
+                           "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {
+            "name": "count",
+            "parameters": {"type": "object",
+                           "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                           "required": ["n"], "additionalProperties": false}}}
+    ])
+}
+
+/// Checks one OpenAI tool call: a known tool, arguments that parse and fit its schema.
+fn check_call(call: &Value, only: Option<&str>) {
+    assert_eq!(call["type"], "function", "{call}");
+    assert!(
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("call_")),
+        "{call}"
+    );
+    let name = call["function"]["name"].as_str().expect("name");
+    if let Some(only) = only {
+        assert_eq!(name, only, "{call}");
+    }
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("args"))
+        .unwrap_or_else(|e| panic!("{call}: arguments are not JSON: {e}"));
+    match name {
+        "get_weather" => {
+            let city = args["city"].as_str().expect("city is a string");
+            assert!(city.chars().count() <= 8, "{args}");
+            assert_eq!(args.as_object().map(|o| o.len()), Some(1), "{args}");
+        }
+        "count" => {
+            let n = args["n"].as_i64().expect("n is an integer");
+            assert!((0..=99).contains(&n), "{args}");
+        }
+        other => panic!("unknown tool {other}"),
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_parse_and_validate_whole_and_streamed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The tool list takes room in the prompt: a longer context than the other tests.
+    let path = write_tiny_llama(dir.path(), "tiny", 4096);
+    let engine = Engine::load(&path, &EngineConfig::default()).expect("load tiny model");
+    let state =
+        AppState::new(ApiConfig::default()).with_chat_model_named(ModelSlot::new(engine), vec![]);
+    let server = Server::start(state).await;
+    let mut req = greedy(200);
+    req["temperature"] = json!(1.0);
+    req["tools"] = weather_tools();
+
+    // `required` and a named tool: always a call, whatever the (random) weights say.
+    for (choice, only) in [
+        (json!("required"), None),
+        (
+            json!({"type": "function", "function": {"name": "count"}}),
+            Some("count"),
+        ),
+    ] {
+        req["tool_choice"] = choice;
+        for seed in 0..3 {
+            req["seed"] = json!(seed);
+            let (status, body) = post(&server, "/v1/chat/completions", &req).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let choice = &body["choices"][0];
+            assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+            assert!(choice["message"]["content"].is_null(), "{body}");
+            let calls = choice["message"]["tool_calls"]
+                .as_array()
+                .expect("tool_calls");
+            assert!(!calls.is_empty());
+            calls.iter().for_each(|c| check_call(c, only));
+        }
+    }
+
+    // `auto`: either a plain answer or valid calls.
+    req["tool_choice"] = json!("auto");
+    req["parallel_tool_calls"] = json!(false);
+    for seed in 0..4 {
+        req["seed"] = json!(seed);
+        let (status, body) = post(&server, "/v1/chat/completions", &req).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let choice = &body["choices"][0];
+        if choice["finish_reason"] == "tool_calls" {
+            let calls = choice["message"]["tool_calls"]
+                .as_array()
+                .expect("tool_calls");
+            assert_eq!(calls.len(), 1, "parallel_tool_calls is false: {body}");
+            check_call(&calls[0], None);
+        } else {
+            let text = choice["message"]["content"].as_str().expect("content");
+            assert!(!text.trim_start().starts_with('{'), "{body}");
+        }
+    }
+
+    // Streamed: role, one tool_calls delta, the finish chunk, [DONE].
+    req["tool_choice"] = json!("required");
+    req["stream"] = json!(true);
+    let resp = client()
+        .post(server.url("/v1/chat/completions"))
+        .json(&req)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let events = SseReader::new(resp).collect().await;
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk JSON"))
+        .collect();
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert!(!deltas.is_empty(), "{events:?}");
+    deltas.iter().for_each(|c| check_call(c, None));
+    assert!(
+        chunks.iter().all(|c| c["choices"][0]["delta"]["content"]
+            .as_str()
+            .is_none_or(str::is_empty)),
+        "{events:?}"
+    );
+    assert_eq!(
+        chunks.last().expect("chunks")["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    // A conversation that carries a call and its result goes on to an answer.
+    let mut follow = greedy(16);
+    follow["tools"] = weather_tools();
+    follow["messages"] = json!([
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4 degrees, rain"},
+    ]);
+    follow["tool_choice"] = json!("none");
+    let (status, body) = post(&server, "/v1/chat/completions", &follow).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["choices"][0]["message"]["content"].is_string(),
+        "{body}"
+    );
+
+    // Mistakes are named.
+    for (patch, param) in [
+        (
+            json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice.function.name",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+    ] {
+        let mut bad = greedy(8);
+        bad["tools"] = weather_tools();
+        for (k, v) in patch.as_object().expect("patch") {
+            bad[k] = v.clone();
+        }
+        let (status, body) = post(&server, "/v1/chat/completions", &bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(error_of(&body)["param"], param, "{body}");
+    }
+    let mut bad_args = follow.clone();
+    bad_args["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("{not json");
+    let (status, body) = post(&server, "/v1/chat/completions", &bad_args).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     server.stop().await;
 }

@@ -140,3 +140,97 @@ def test_embeddings_base64_and_float_agree(client, served):
     single = client.embeddings.create(model=served["embedding"], input=texts[0], encoding_format="float")
     assert len(single.data) == 1
     assert max(abs(x - y) for x, y in zip(single.data[0].embedding, vectors[0])) < 1e-4
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def get_weather(city):
+    """The tool the model calls: a real Python function."""
+    get_weather.calls.append(city)
+    return f"17 degrees and sunny in {city}"
+
+
+get_weather.calls = []
+
+
+def test_required_tool_call_runs_the_function_and_the_conversation_continues(client, served):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(
+        model=served["chat"],
+        messages=messages,
+        temperature=0,
+        max_tokens=120,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls and all(c.type == "function" and c.function.name == "get_weather" for c in calls)
+    messages.append(choice.message.model_dump(exclude_none=True))
+    for call in calls:
+        args = json.loads(call.function.arguments)  # every call parses ...
+        assert set(args) == {"city"} and isinstance(args["city"], str)  # ... and fits the schema
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": get_weather(**args)})
+    assert get_weather.calls, "the function ran"
+    final = client.chat.completions.create(
+        model=served["chat"], messages=messages, temperature=0, max_tokens=60, tools=[WEATHER_TOOL]
+    )
+    # The model answers in text (the call and its result were accepted as history); with
+    # the 135M model its wording, and whether it repeats "17", depends on the CPU's kernels.
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert final.choices[0].message.content.strip()
+
+
+def test_streamed_tool_calls_assemble_as_openai_clients_expect(client, served):
+    stream = client.chat.completions.create(
+        model=served["chat"],
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        temperature=0,
+        max_tokens=120,
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+        stream=True,
+    )
+    calls, finish = {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for tc in delta.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            slot["id"] = tc.id or slot["id"]
+            slot["name"] += tc.function.name or ""
+            slot["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert len(calls) == 1
+    call = calls[0]
+    assert call["id"].startswith("call_") and call["name"] == "get_weather"
+    assert set(json.loads(call["arguments"])) == {"city"}
+
+
+def test_tool_mistakes_raise_bad_request(client, served):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=served["chat"],
+            messages=CAPITAL,
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "function", "function": {"name": "not_a_tool"}},
+        )
+    assert e.value.param == "tool_choice.function.name"

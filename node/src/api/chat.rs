@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::extract::{ApiJson, Documented};
 use super::state::{AppState, MemoryExamples, Metrics};
+use super::tools::{self, ToolPlan};
 use crate::memory::DEFAULT_DOMAIN;
 
 /// Most stop sequences in one request.
@@ -60,6 +61,8 @@ pub(crate) struct ChatCompletionRequest {
     response_format: Option<Value>,
     logprobs: Option<bool>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
 }
 
 impl Documented for ChatCompletionRequest {
@@ -71,6 +74,7 @@ struct MessageIn {
     role: String,
     content: Option<Value>,
     tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -100,6 +104,8 @@ pub(crate) struct ChatPlan {
     pub stream: bool,
     pub include_usage: bool,
     pub format: OutputFormat,
+    /// The tools the model may call, unless there are none (or `tool_choice` is `none`).
+    pub tools: Option<ToolPlan>,
 }
 
 impl ChatCompletionRequest {
@@ -116,12 +122,11 @@ impl ChatCompletionRequest {
                 "logprobs are not supported",
             ));
         }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::invalid_param(
-                "tools",
-                "tool calling is not supported",
-            ));
-        }
+        let tools = tools::parse(
+            self.tools.as_deref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls,
+        )?;
         let messages = convert_messages(self.messages)?;
         for (param, n) in [
             ("max_tokens", self.max_tokens),
@@ -201,6 +206,13 @@ impl ChatCompletionRequest {
             None | Some(Value::Null) => OutputFormat::Text,
             Some(v) => parse_response_format(v)?,
         };
+        if tools.is_some() && format != OutputFormat::Text {
+            return Err(ApiError::invalid_param(
+                "response_format",
+                "response_format cannot be combined with tools: a tool call is already \
+                 constrained JSON; give the structure as a tool's parameters instead",
+            ));
+        }
         let stream = self.stream.unwrap_or(false);
         let include_usage = stream
             && self
@@ -216,6 +228,7 @@ impl ChatCompletionRequest {
             stream,
             include_usage,
             format,
+            tools,
         })
     }
 }
@@ -233,37 +246,84 @@ fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiErr
             format!("at most {MAX_MESSAGES} messages are accepted"),
         ));
     }
-    messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let role = match m.role.as_str() {
-                "system" | "developer" => "system",
-                "user" => "user",
-                "assistant" => "assistant",
-                "tool" | "function" => {
-                    return Err(ApiError::invalid_param(
-                        format!("messages[{i}].role"),
-                        format!("messages[{i}]: role `{}` is not supported (tool calling is not available)", m.role),
-                    ))
-                }
-                other => {
-                    return Err(ApiError::invalid_param(
-                        format!("messages[{i}].role"),
-                        format!("messages[{i}]: unknown role `{other}` (expected system, developer, user or assistant)"),
-                    ))
-                }
-            };
-            if m.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
+    // Call ids of earlier assistant messages and the tools they named.
+    let mut call_names: Vec<(String, String)> = Vec::new();
+    // The lines of the tool-result turn being built (the last message of `out`).
+    let mut tool_turn: Option<Vec<String>> = None;
+    for (i, m) in messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" => "tool",
+            "function" => {
                 return Err(ApiError::invalid_param(
-                    format!("messages[{i}].tool_calls"),
-                    "tool calls are not supported",
-                ));
+                    format!("messages[{i}].role"),
+                    format!("messages[{i}]: the legacy `function` role is not supported; send tool results as `tool` messages"),
+                ))
             }
-            let content = message_text(m.content, i)?;
-            Ok(ChatMessage::new(role, content))
-        })
-        .collect()
+            other => {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].role"),
+                    format!("messages[{i}]: unknown role `{other}` (expected system, developer, user, assistant or tool)"),
+                ))
+            }
+        };
+        let calls = m.tool_calls.filter(|t| !t.is_empty());
+        for call in calls.iter().flatten() {
+            if let (Some(id), Some(name)) = (
+                call.get("id").and_then(Value::as_str),
+                call.pointer("/function/name").and_then(Value::as_str),
+            ) {
+                call_names.push((id.to_string(), name.to_string()));
+            }
+        }
+        if calls.is_some() && role != "assistant" {
+            return Err(ApiError::invalid_param(
+                format!("messages[{i}].tool_calls"),
+                "only assistant messages carry tool_calls",
+            ));
+        }
+        let mut content = message_text(m.content, i)?;
+        if let Some(calls) = calls {
+            // The model sees its earlier calls in the format it writes them.
+            let call_text = tools::history_calls(&calls, i)?;
+            content = if content.trim().is_empty() {
+                call_text
+            } else {
+                format!("{}\n{call_text}", content.trim_end())
+            };
+        }
+        if role == "tool" {
+            // Tool results reach the model as a user turn, which every chat template
+            // accepts, named after the call they answer and followed by a request to use
+            // them (wording that got SmolLM2-135M to state the result rather than talk past
+            // it); results of parallel calls share one turn.
+            let id = m.tool_call_id.unwrap_or_default();
+            let name = call_names
+                .iter()
+                .find(|(call, _)| *call == id)
+                .map_or("the tool", |(_, name)| name.as_str());
+            let lines = tool_turn.get_or_insert_with(|| {
+                out.push(ChatMessage::new("user", String::new()));
+                Vec::new()
+            });
+            lines.push(format!("{name} returned: {}", content.trim()));
+            let suffix = if lines.len() == 1 {
+                "Answer the question with this result."
+            } else {
+                "Answer the question with these results."
+            };
+            if let Some(last) = out.last_mut() {
+                last.content = format!("{}\n{suffix}", lines.join("\n"));
+            }
+            continue;
+        }
+        tool_turn = None;
+        out.push(ChatMessage::new(role, content));
+    }
+    Ok(out)
 }
 
 /// A message's content: a string, or an array of `{"type": "text", "text": ...}` parts
@@ -422,17 +482,27 @@ pub(crate) async fn chat_completions(
             as_sent = Some(std::mem::replace(&mut plan.messages, messages));
         }
     }
+    if let Some(tp) = &plan.tools {
+        tp.instruct(&mut plan.messages);
+        if let Some(sent) = as_sent.as_mut() {
+            tp.instruct(sent);
+        }
+    }
     let max_tokens = plan
         .max_tokens
         .or(state.config().default_max_tokens)
         .unwrap_or(context)
         .max(1);
+    let constraint = match &plan.tools {
+        Some(tp) => Some(tp.constraint()),
+        None => constraint_for(&plan.format),
+    };
     let request = |messages: Vec<ChatMessage>| GenerateRequest {
         prompt: Prompt::Chat(messages),
         max_tokens,
         sampling: plan.sampling.clone(),
         stop: plan.stop.clone(),
-        constraint: constraint_for(&plan.format),
+        constraint: constraint.clone(),
     };
     let permit = state.admit()?;
     let model_id = engine.info().id.clone();
@@ -443,6 +513,9 @@ pub(crate) async fn chat_completions(
         generation = generate(&engine, request(messages)).await?;
     }
     let generation = generation.map_err(|e| match e {
+        ModelError::Constraint(ConstraintError::Compile { .. }) if plan.tools.is_some() => {
+            ApiError::invalid_param("tools", format!("a tool's parameters: {e}"))
+        }
         ModelError::Constraint(ConstraintError::Compile { .. }) => {
             ApiError::invalid_param("response_format", e.to_string())
         }
@@ -463,12 +536,29 @@ pub(crate) async fn chat_completions(
             include_usage: plan.include_usage,
             shutdown: state.shutdown_token().clone(),
             phase: Phase::Role,
+            tool_text: plan.tools.is_some().then(ToolText::default),
+            queue: std::collections::VecDeque::new(),
         });
         Sse::new(events)
             .keep_alive(KeepAlive::default())
             .into_response()
     } else {
         let (text, done) = collect(generation, run, &state).await?;
+        let calls = plan
+            .tools
+            .as_ref()
+            .and_then(|_| tools::read_calls(&text, call_id));
+        let (message, finish) = match calls {
+            Some(calls) => (
+                json!({"role": "assistant", "content": null, "refusal": null,
+                       "tool_calls": tools::openai_calls(&calls)}),
+                "tool_calls",
+            ),
+            None => (
+                json!({"role": "assistant", "content": text, "refusal": null}),
+                finish_reason(done.finish_reason),
+            ),
+        };
         Json(json!({
             "id": meta.id,
             "object": "chat.completion",
@@ -477,9 +567,9 @@ pub(crate) async fn chat_completions(
             "system_fingerprint": null,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": null},
+                "message": message,
                 "logprobs": null,
-                "finish_reason": finish_reason(done.finish_reason),
+                "finish_reason": finish,
             }],
             "usage": usage(&done),
         }))
@@ -634,6 +724,19 @@ struct StreamState {
     include_usage: bool,
     shutdown: CancellationToken,
     phase: Phase,
+    /// With tools: the text so far, until it shows whether it is a call.
+    tool_text: Option<ToolText>,
+    /// Events to send before going on (a call's chunk before the finish chunk).
+    queue: std::collections::VecDeque<Event>,
+}
+
+/// A streamed answer with tools: text is held back until its first character tells a
+/// call (`{`, held to the end and sent as one `tool_calls` delta) from an answer (sent as
+/// it comes).
+#[derive(Default)]
+struct ToolText {
+    text: String,
+    call: Option<bool>,
 }
 
 impl StreamState {
@@ -659,6 +762,9 @@ impl StreamState {
 /// the engine's work on it.
 fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infallible>> {
     futures::stream::unfold(state, |mut st| async move {
+        if let Some(event) = st.queue.pop_front() {
+            return Some((Ok(event), st));
+        }
         let event = match std::mem::replace(&mut st.phase, Phase::End) {
             Phase::Role => {
                 st.phase = Phase::Body;
@@ -678,7 +784,28 @@ fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infalli
                 match item {
                     Some(Ok(Chunk::Text(text))) => {
                         st.phase = Phase::Body;
-                        st.chunk(json!({"content": text}), None)
+                        match st.tool_text.as_mut() {
+                            None
+                            | Some(ToolText {
+                                call: Some(false), ..
+                            }) => st.chunk(json!({"content": text}), None),
+                            Some(held) => {
+                                held.text.push_str(&text);
+                                match held.text.trim_start().chars().next() {
+                                    // Nothing telling yet, or a call: keep holding.
+                                    None => return Some((Ok(Event::default().comment("")), st)),
+                                    Some('{') => {
+                                        held.call = Some(true);
+                                        return Some((Ok(Event::default().comment("")), st));
+                                    }
+                                    Some(_) => {
+                                        held.call = Some(false);
+                                        let text = std::mem::take(&mut held.text);
+                                        st.chunk(json!({"content": text}), None)
+                                    }
+                                }
+                            }
+                        }
                     }
                     Some(Ok(Chunk::Done(done))) => {
                         st.run.finish(&done);
@@ -687,7 +814,37 @@ fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infalli
                         } else {
                             Phase::Done
                         };
-                        st.chunk(json!({}), Some(finish_reason(done.finish_reason)))
+                        let held = st
+                            .tool_text
+                            .take()
+                            .filter(|h| h.call != Some(false))
+                            .map(|h| h.text);
+                        match held {
+                            Some(text) => match tools::read_calls(&text, call_id) {
+                                Some(calls) => {
+                                    let deltas: Vec<Value> = calls
+                                        .iter()
+                                        .enumerate()
+                                        .map(|(i, c)| {
+                                            json!({"index": i, "id": c.id, "type": "function",
+                                                   "function": {"name": c.name, "arguments": c.arguments}})
+                                        })
+                                        .collect();
+                                    let finish = st.chunk(json!({}), Some("tool_calls"));
+                                    st.queue.push_back(finish);
+                                    st.chunk(json!({"tool_calls": deltas}), None)
+                                }
+                                None => {
+                                    // Cut short (max_tokens) before the call was whole, or
+                                    // blank: sent as text, with the real finish reason.
+                                    let finish = st
+                                        .chunk(json!({}), Some(finish_reason(done.finish_reason)));
+                                    st.queue.push_back(finish);
+                                    st.chunk(json!({"content": text}), None)
+                                }
+                            },
+                            None => st.chunk(json!({}), Some(finish_reason(done.finish_reason))),
+                        }
                     }
                     Some(Err(e)) => {
                         st.run.fail();
@@ -745,13 +902,21 @@ fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
-fn completion_id() -> String {
+fn random_id(prefix: &str) -> String {
     let suffix: String = rand::thread_rng()
         .sample_iter(&Alphanumeric)
         .take(24)
         .map(char::from)
         .collect();
-    format!("chatcmpl-{suffix}")
+    format!("{prefix}{suffix}")
+}
+
+fn call_id() -> String {
+    random_id("call_")
+}
+
+fn completion_id() -> String {
+    random_id("chatcmpl-")
 }
 
 fn unix_now() -> u64 {

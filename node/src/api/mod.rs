@@ -29,6 +29,7 @@ pub mod node;
 mod openapi;
 mod state;
 pub mod tasks;
+mod tools;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 

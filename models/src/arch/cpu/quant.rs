@@ -149,7 +149,11 @@ impl QMatrix {
                             let (sc, mn) = q4k_scale_min(j, scales);
                             let qs = &blk[16 + 32 * (j / 2)..16 + 32 * (j / 2 + 1)];
                             for (v, &byte) in u.iter_mut().zip(qs) {
-                                *v = if j.is_multiple_of(2) { byte & 0x0F } else { byte >> 4 };
+                                *v = if j.is_multiple_of(2) {
+                                    byte & 0x0F
+                                } else {
+                                    byte >> 4
+                                };
                             }
                             put(
                                 r,
