@@ -53,6 +53,33 @@ async fn post(server: &Server, path: &str, body: &Value) -> (StatusCode, Value) 
     (status, resp.json().await.expect("JSON body"))
 }
 
+/// Posts a streamed chat completion and returns its chunks, checking the event-stream
+/// content type and the final `[DONE]`.
+async fn stream_chunks(server: &Server, req: &Value) -> Vec<Value> {
+    let resp = client()
+        .post(server.url("/v1/chat/completions"))
+        .json(req)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ctype = resp.headers()["content-type"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+    let events = SseReader::new(resp).collect().await;
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk JSON"))
+        .collect()
+}
+
 /// Asserts the OpenAI error shape and returns the error object.
 fn error_of(body: &Value) -> &Value {
     let err = &body["error"];
@@ -145,28 +172,7 @@ async fn streaming_sends_role_text_finish_usage_and_done() {
     let mut req = greedy(16);
     req["stream"] = json!(true);
     req["stream_options"] = json!({"include_usage": true});
-    let resp = client()
-        .post(server.url("/v1/chat/completions"))
-        .json(&req)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(resp.status(), StatusCode::OK);
-    let ctype = resp.headers()["content-type"]
-        .to_str()
-        .expect("ascii")
-        .to_owned();
-    assert!(ctype.starts_with("text/event-stream"), "{ctype}");
-    let events = SseReader::new(resp).collect().await;
-    assert_eq!(
-        events.last().map(String::as_str),
-        Some("[DONE]"),
-        "{events:?}"
-    );
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).expect("chunk JSON"))
-        .collect();
+    let chunks = stream_chunks(&server, &req).await;
     assert!(chunks.len() >= 3, "{chunks:?}");
     for c in &chunks {
         assert_eq!(c["object"], "chat.completion.chunk");
@@ -757,35 +763,19 @@ async fn tool_calls_parse_and_validate_whole_and_streamed() {
     // Streamed: role, one tool_calls delta, the finish chunk, [DONE].
     req["tool_choice"] = json!("required");
     req["stream"] = json!(true);
-    let resp = client()
-        .post(server.url("/v1/chat/completions"))
-        .json(&req)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(resp.status(), StatusCode::OK);
-    let events = SseReader::new(resp).collect().await;
-    assert_eq!(
-        events.last().map(String::as_str),
-        Some("[DONE]"),
-        "{events:?}"
-    );
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).expect("chunk JSON"))
-        .collect();
+    let chunks = stream_chunks(&server, &req).await;
     let deltas: Vec<&Value> = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
         .flatten()
         .collect();
-    assert!(!deltas.is_empty(), "{events:?}");
+    assert!(!deltas.is_empty(), "{chunks:?}");
     deltas.iter().for_each(|c| check_call(c, None));
     assert!(
         chunks.iter().all(|c| c["choices"][0]["delta"]["content"]
             .as_str()
             .is_none_or(str::is_empty)),
-        "{events:?}"
+        "{chunks:?}"
     );
     assert_eq!(
         chunks.last().expect("chunks")["choices"][0]["finish_reason"],
