@@ -313,7 +313,9 @@ pub fn read_calls(output: &str, mut ids: impl FnMut() -> String) -> Option<Vec<T
     if !text.starts_with('{') {
         return None;
     }
-    let v: Value = serde_json::from_str(text.trim_end()).ok()?;
+    let v: Value = serde_json::from_str(text.trim_end())
+        .ok()
+        .or_else(|| whole_calls(text))?;
     let calls = v.get("tool_calls")?.as_array()?;
     let out: Vec<ToolCall> = calls
         .iter()
@@ -326,6 +328,37 @@ pub fn read_calls(output: &str, mut ids: impl FnMut() -> String) -> Option<Vec<T
         })
         .collect();
     (!out.is_empty()).then_some(out)
+}
+
+/// The calls that were complete when a call object was cut short (by `max_tokens`, often
+/// while a small model adds one parallel call after another): the text up to the last
+/// call that closed, with the array and object closed after it.
+fn whole_calls(text: &str) -> Option<Value> {
+    let (mut depth, mut in_string, mut escaped, mut cut) = (0usize, false, false, None);
+    for (i, c) in text.char_indices() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' | '[' => depth += 1,
+            '}' | ']' => {
+                depth = depth.checked_sub(1)?;
+                // Object (1) > `tool_calls` array (2) > a call (3) that just closed.
+                if c == '}' && depth == 2 {
+                    cut = Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    serde_json::from_str(&format!("{}]}}", &text[..cut?])).ok()
 }
 
 /// The OpenAI `tool_calls` array of an answer.
@@ -444,6 +477,13 @@ mod tests {
         assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
         assert_eq!(calls[0].id, "call_1");
         assert!(read_calls("It is sunny.", &mut ids).is_none());
+        // Cut short in a second call: the first, complete one is kept.
+        let cut =
+            r#"{"tool_calls": [{"name": "a", "arguments": {"s": "x}]"}}, {"name": "b", "argu"#;
+        let salvaged = read_calls(cut, &mut ids).unwrap();
+        assert_eq!(salvaged.len(), 1);
+        assert_eq!(salvaged[0].arguments, r#"{"s":"x}]"}"#);
+        assert!(read_calls(r#"{"tool_calls": [{"name": "a", "argu"#, &mut ids).is_none());
         let history = history_calls(&openai_calls(&calls).as_array().unwrap().clone(), 1).unwrap();
         assert_eq!(
             serde_json::from_str::<Value>(&history).unwrap(),
