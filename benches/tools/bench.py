@@ -116,13 +116,17 @@ def main():
             cases.append((phrase.format(*fill), offered, name))
     if a.limit:
         cases = cases[: a.limit]
-    stats = {k: {"valid": 0, "right_tool": 0, "tokens": 0, "seconds": 0.0} for k in ("constrained", "unconstrained")}
-    for prompt, offered, want in cases:
-        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 160}
+    stats = {k: {"valid": 0, "right_tool": 0, "cut": 0, "tokens": 0, "seconds": 0.0} for k in ("constrained", "unconstrained")}
+    for done, (prompt, offered, want) in enumerate(cases):
+        if done % 40 == 0:
+            print(f"{done}/{len(cases)}", file=sys.stderr, flush=True)
+        # Room for the longest call the schemas allow (three strings of up to 200 characters).
+        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 600}
         out, secs = post(a.base, dict(body, tools=offered, tool_choice="required"))
         msg = out["choices"][0]["message"]
         calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls") or []]
         s = stats["constrained"]
+        s["cut"] += out["choices"][0]["finish_reason"] == "length"
         s["valid"] += valid(calls, offered)
         s["right_tool"] += bool(calls) and calls[0][0] == want
         s["tokens"] += out["usage"]["completion_tokens"]
@@ -136,16 +140,17 @@ def main():
         except (ValueError, KeyError, TypeError):
             calls = []
         s = stats["unconstrained"]
+        s["cut"] += out["choices"][0]["finish_reason"] == "length"
         s["valid"] += valid(calls, offered)
         s["right_tool"] += bool(calls) and calls[0][0] == want
         s["tokens"] += out["usage"]["completion_tokens"]
         s["seconds"] += secs
     n = len(cases)
     print(f"{n} prompts, 3 tools offered in each, temperature 0")
-    print("| | valid calls | right tool first | completion tokens/s |")
-    print("|---|---|---|---|")
+    print("| | valid calls | right tool first | cut by max_tokens | completion tokens/s |")
+    print("|---|---|---|---|---|")
     for k, s in stats.items():
-        print(f"| {k} | {s['valid']}/{n} ({100 * s['valid'] / n:.1f}%) | {s['right_tool']}/{n} ({100 * s['right_tool'] / n:.1f}%) | {s['tokens'] / s['seconds']:.1f} |")
+        print(f"| {k} | {s['valid']}/{n} ({100 * s['valid'] / n:.1f}%) | {s['right_tool']}/{n} ({100 * s['right_tool'] / n:.1f}%) | {s['cut']} | {s['tokens'] / s['seconds']:.1f} |")
     if a.json:
         json.dump({"n": n, **stats}, open(a.json, "w"), indent=1)
 
