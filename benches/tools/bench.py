@@ -131,7 +131,9 @@ def main():
         s["right_tool"] += bool(calls) and calls[0][0] == want
         s["tokens"] += out["usage"]["completion_tokens"]
         s["seconds"] += secs
-        free = dict(body, messages=[{"role": "system", "content": instructions(offered)}] + body["messages"])
+        # Without the grammar a call ends by itself or not at all: 300 tokens is room for any
+        # call the model would finish (and keeps rambling replies from taking the run's time).
+        free = dict(body, max_tokens=300, messages=[{"role": "system", "content": instructions(offered)}] + body["messages"])
         out, secs = post(a.base, free)
         text = out["choices"][0]["message"]["content"] or ""
         try:
