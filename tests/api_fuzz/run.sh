@@ -93,6 +93,11 @@ add_memory geography "What is the capital of France?" "The capital of France is 
 add_memory cooking "How long should an egg boil to be hard-boiled?" "Boil a hard-boiled egg for about ten minutes, then cool it in cold water."
 add_memory math "What is the derivative of x squared?" "The derivative of x squared is two x."
 node_id=$(curl -fsS "$base/api/node" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["id"])')
+# The served models' names, for the hooks (Ollama's routes need one).
+tags=$(curl -fsS "$base/api/tags") || fail "GET /api/tags failed"
+export STARLING_TEST_LLM_NAME STARLING_TEST_EMBED_NAME
+STARLING_TEST_LLM_NAME=$(printf '%s' "$tags" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["models"][0]["name"])')
+STARLING_TEST_EMBED_NAME=$(printf '%s' "$tags" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["models"][1]["name"])')
 echo "api_fuzz: node $node_id up at $base, ${#ids[@]} memories stored"
 
 status=0

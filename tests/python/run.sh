@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the official OpenAI Python client (tests/python/test_openai_client.py) against
-# `starling serve` on a free loopback port.
+# Runs the official OpenAI Python client (tests/python/test_openai_client.py) and the
+# `ollama` package (tests/python/test_ollama_client.py) against `starling serve` on a free
+# loopback port. The clients' versions are pinned below.
 #
 # Models: STARLING_TEST_LLM / STARLING_TEST_EMBED (paths) when set, else the registry
 # defaults, fetched into the model cache on first use. The server is stopped on exit.
@@ -11,9 +12,10 @@ cd "$root"
 target=${CARGO_TARGET_DIR:-$root/target}
 venv=$target/pyenv
 
-if ! "$venv/bin/python" -c 'import openai, pytest' 2>/dev/null; then
+packages=(openai==3.57.0 ollama==0.6.3 pytest==9.2.0 jsonschema==4.26.0)
+if [ "$("$venv/bin/pip" freeze 2>/dev/null | grep -c -x -F -f <(printf '%s\n' "${packages[@]}"))" != "${#packages[@]}" ]; then
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check openai pytest
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "${packages[@]}"
 fi
 
 cargo build --quiet -p starling-node --bin starling

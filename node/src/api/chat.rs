@@ -106,6 +106,9 @@ pub(crate) struct ChatPlan {
     pub format: OutputFormat,
     /// The tools the model may call, unless there are none (or `tool_choice` is `none`).
     pub tools: Option<ToolPlan>,
+    /// Raw text to continue instead of `messages` (Ollama's `raw` generate): no chat
+    /// template, no worked examples, no tool instructions.
+    pub raw: Option<String>,
 }
 
 impl ChatCompletionRequest {
@@ -229,6 +232,7 @@ impl ChatCompletionRequest {
             include_usage,
             format,
             tools,
+            raw: None,
         })
     }
 }
@@ -463,31 +467,24 @@ fn constraint_for(format: &OutputFormat) -> Option<Constraint> {
     }
 }
 
-/// The handler.
-pub(crate) async fn chat_completions(
-    State(state): State<AppState>,
-    ApiJson(body): ApiJson<ChatCompletionRequest>,
-) -> Result<Response, ApiError> {
-    let mut plan = body.plan()?;
+/// A generation under way for a [`ChatPlan`], counted and holding its admission permit.
+pub(crate) struct Started {
+    /// The stream of text.
+    pub generation: Generation,
+    /// Its accounting.
+    pub run: Run,
+    /// The id of the model that answers.
+    pub model_id: String,
+    /// Ids of the shared memories shown to the model as worked examples.
+    pub shown: Vec<String>,
+}
+
+/// Picks the engine for `plan`, adds worked examples and tool instructions, admits the
+/// request and starts generating. The front ends (OpenAI's chat completions, Ollama's chat
+/// and generate) differ only in how they read requests and write answers.
+pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Started, ApiError> {
     let engine = state.chat_engine(plan.model.as_deref())?;
     let context = engine.info().context_length;
-    // Worked examples from shared memories, when the node is set to show them. The
-    // request as sent is kept: it is answered as is if the examples do not fit.
-    let mut shown = Vec::new();
-    let mut as_sent = None;
-    if let Some(ex) = state.memory_examples() {
-        let mut messages = plan.messages.clone();
-        shown = with_examples(&mut messages, &ex).await;
-        if !shown.is_empty() {
-            as_sent = Some(std::mem::replace(&mut plan.messages, messages));
-        }
-    }
-    if let Some(tp) = &plan.tools {
-        tp.instruct(&mut plan.messages);
-        if let Some(sent) = as_sent.as_mut() {
-            tp.instruct(sent);
-        }
-    }
     let max_tokens = plan
         .max_tokens
         .or(state.config().default_max_tokens)
@@ -497,21 +494,46 @@ pub(crate) async fn chat_completions(
         Some(tp) => Some(tp.constraint()),
         None => constraint_for(&plan.format),
     };
-    let request = |messages: Vec<ChatMessage>| GenerateRequest {
-        prompt: Prompt::Chat(messages),
+    let request = |prompt: Prompt| GenerateRequest {
+        prompt,
         max_tokens,
         sampling: plan.sampling.clone(),
         stop: plan.stop.clone(),
         constraint: constraint.clone(),
     };
-    let permit = state.admit()?;
-    let model_id = engine.info().id.clone();
-    let mut generation = generate(&engine, request(std::mem::take(&mut plan.messages))).await?;
-    if let (Err(ModelError::ContextOverflow { .. }), Some(messages)) = (&generation, as_sent) {
-        tracing::debug!("worked examples do not fit the context; answering without them");
-        shown.clear();
-        generation = generate(&engine, request(messages)).await?;
-    }
+    let mut shown = Vec::new();
+    let generation = if let Some(raw) = plan.raw.take() {
+        // Raw text is the model's input as it is: no examples, no instructions.
+        let permit = state.admit()?;
+        (generate(&engine, request(Prompt::Text(raw))).await?, permit)
+    } else {
+        // Worked examples from shared memories, when the node is set to show them. The
+        // request as sent is kept: it is answered as is if the examples do not fit.
+        let mut as_sent = None;
+        if let Some(ex) = state.memory_examples() {
+            let mut messages = plan.messages.clone();
+            shown = with_examples(&mut messages, &ex).await;
+            if !shown.is_empty() {
+                as_sent = Some(std::mem::replace(&mut plan.messages, messages));
+            }
+        }
+        if let Some(tp) = &plan.tools {
+            tp.instruct(&mut plan.messages);
+            if let Some(sent) = as_sent.as_mut() {
+                tp.instruct(sent);
+            }
+        }
+        let permit = state.admit()?;
+        let messages = std::mem::take(&mut plan.messages);
+        let mut generation = generate(&engine, request(Prompt::Chat(messages))).await?;
+        if let (Err(ModelError::ContextOverflow { .. }), Some(messages)) = (&generation, as_sent) {
+            tracing::debug!("worked examples do not fit the context; answering without them");
+            shown.clear();
+            generation = generate(&engine, request(Prompt::Chat(messages))).await?;
+        }
+        (generation, permit)
+    };
+    let (generation, permit) = generation;
     let generation = generation.map_err(|e| match e {
         ModelError::Constraint(ConstraintError::Compile { .. }) if plan.tools.is_some() => {
             ApiError::invalid_param("tools", format!("a tool's parameters: {e}"))
@@ -522,7 +544,26 @@ pub(crate) async fn chat_completions(
         e => ApiError::from(e),
     })?;
     Metrics::add(&state.counters().chat_completions, 1);
-    let run = Run::new(&state, permit);
+    Ok(Started {
+        generation,
+        run: Run::new(state, permit),
+        model_id: engine.info().id.clone(),
+        shown,
+    })
+}
+
+/// The handler.
+pub(crate) async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let mut plan = body.plan()?;
+    let Started {
+        generation,
+        run,
+        model_id,
+        shown,
+    } = start(&state, &mut plan).await?;
     let meta = Meta {
         id: completion_id(),
         created: unix_now(),
@@ -629,7 +670,7 @@ async fn with_examples(messages: &mut Vec<ChatMessage>, ex: &MemoryExamples) -> 
     memories.into_iter().map(|m| m.id).collect()
 }
 
-async fn collect(
+pub(crate) async fn collect(
     mut generation: Generation,
     mut run: Run,
     state: &AppState,
@@ -662,7 +703,7 @@ async fn collect(
 
 /// Accounting of one generation: holds its admission permit, counts it as active, and
 /// counts it as cancelled when dropped before its end (client gone, server stopping).
-struct Run {
+pub(crate) struct Run {
     state: AppState,
     _permit: OwnedSemaphorePermit,
     ended: bool,
@@ -678,7 +719,7 @@ impl Run {
         }
     }
 
-    fn finish(&mut self, done: &Completion) {
+    pub(crate) fn finish(&mut self, done: &Completion) {
         let m = self.state.counters();
         Metrics::add(&m.prompt_tokens, done.prompt_tokens as u64);
         Metrics::add(&m.completion_tokens, done.completion_tokens as u64);
@@ -686,7 +727,7 @@ impl Run {
         self.ended = true;
     }
 
-    fn fail(&mut self) {
+    pub(crate) fn fail(&mut self) {
         self.ended = true;
     }
 }

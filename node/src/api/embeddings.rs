@@ -31,7 +31,7 @@ enum Encoding {
 }
 
 /// The texts of `input`: a string or an array of strings.
-fn texts(input: Value, max: usize) -> Result<Vec<String>, ApiError> {
+pub(crate) fn texts(input: Value, max: usize) -> Result<Vec<String>, ApiError> {
     let bad = |m: String| ApiError::invalid_param("input", m);
     let texts = match input {
         Value::String(s) => vec![s],
@@ -67,7 +67,7 @@ fn texts(input: Value, max: usize) -> Result<Vec<String>, ApiError> {
 
 /// The first `keep` components of the unit vector `v`, renormalised to unit length (as
 /// OpenAI's `dimensions`; a vector whose kept part is all zeros stays as it is).
-fn shorten(mut v: Vec<f32>, keep: usize) -> Vec<f32> {
+pub(crate) fn shorten(mut v: Vec<f32>, keep: usize) -> Vec<f32> {
     if keep >= v.len() {
         return v;
     }

@@ -26,6 +26,7 @@ mod error;
 mod extract;
 mod models;
 pub mod node;
+mod ollama;
 mod openapi;
 mod state;
 pub mod tasks;
@@ -110,6 +111,14 @@ pub fn router_with(state: AppState, extra: Router) -> Router {
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))
         .route("/health", get(models::health))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/show", post(ollama::show))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .with_state(state.clone())
         .merge(extra)
         .fallback(unknown_route)

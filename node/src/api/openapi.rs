@@ -18,7 +18,7 @@ use super::error::ApiError;
 pub(crate) const DOCUMENT: &str = include_str!("../../assets/openapi.json");
 
 /// Tags of the operations `starling serve` has.
-const SERVE_TAGS: [&str; 2] = ["openai", "meta"];
+const SERVE_TAGS: [&str; 3] = ["openai", "ollama", "meta"];
 
 fn json(body: String) -> Response {
     (
@@ -252,15 +252,24 @@ mod tests {
                         assert!(responses.contains_key(code), "{what}: no {code}");
                     }
                 }
+                // Ollama's routes answer errors in Ollama's shape, except the host check,
+                // which answers before any route is chosen.
+                let ollama = op["tags"]
+                    .as_array()
+                    .is_some_and(|t| t.contains(&"ollama".into()));
                 for (name, resp) in responses {
                     if name.starts_with('4') || name.starts_with('5') {
                         let r = resp["$ref"].as_str().expect("errors use shared responses");
                         let resp = doc
                             .pointer(r.strip_prefix('#').expect("local"))
                             .expect("response");
+                        let shape = if ollama && name != "403" {
+                            "#/components/schemas/OllamaError"
+                        } else {
+                            "#/components/schemas/Error"
+                        };
                         assert_eq!(
-                            resp["content"]["application/json"]["schema"]["$ref"],
-                            "#/components/schemas/Error",
+                            resp["content"]["application/json"]["schema"]["$ref"], shape,
                             "{what} {name}"
                         );
                     }

@@ -250,6 +250,15 @@ impl AppState {
         Ok(handle)
     }
 
+    /// The file behind the served model of `kind` (`chat`); `None` for the embedder, whose
+    /// handle does not keep it.
+    pub(crate) fn model_info(&self, kind: &str) -> Option<starling_models::engine::ModelInfo> {
+        match kind {
+            "chat" => self.chat().map(|c| c.slot.current().info().clone()),
+            _ => None,
+        }
+    }
+
     /// Every model served, chat first: (id, kind, aliases).
     pub(crate) fn served_models(&self) -> Vec<ServedModel> {
         let mut out = Vec::new();
@@ -307,10 +316,13 @@ impl ServedModel {
     }
 }
 
-/// Model names compare case-insensitively, and a leading `owner/` (as in
-/// `sentence-transformers/all-MiniLM-L6-v2`) is ignored.
+/// Model names compare case-insensitively; a leading `owner/` (as in
+/// `sentence-transformers/all-MiniLM-L6-v2`) and Ollama's `:latest` tag are ignored.
 fn same_model(requested: &str, served: &str) -> bool {
-    let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_ascii_lowercase();
+    let base = |s: &str| {
+        let s = s.rsplit('/').next().unwrap_or(s);
+        s.strip_suffix(":latest").unwrap_or(s).to_ascii_lowercase()
+    };
     !requested.is_empty() && base(requested) == base(served)
 }
 
