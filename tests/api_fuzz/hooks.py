@@ -69,7 +69,7 @@ def _unprotect(container, keys):
 @schemathesis.hook
 def before_call(context, case, kwargs):
     path, method = case.operation.path, case.method.upper()
-    if path == "/v1/chat/completions" and isinstance(case.body, dict):
+    if path in ("/v1/chat/completions", "/v1/completions") and isinstance(case.body, dict):
         _shorten(case.body)
     elif path in OLLAMA_MODELS and isinstance(case.body, dict):
         model = case.body.get("model")

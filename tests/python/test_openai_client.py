@@ -234,3 +234,26 @@ def test_tool_mistakes_raise_bad_request(client, served):
             tool_choice={"type": "function", "function": {"name": "not_a_tool"}},
         )
     assert e.value.param == "tool_choice.function.name"
+
+
+def test_text_completion_continues_the_prompt_whole_streamed_and_echoed(client, served):
+    prompt = "The capital of France is"
+    whole = client.completions.create(model=served["chat"], prompt=prompt, max_tokens=12, temperature=0)
+    assert whole.object == "text_completion"
+    choice = whole.choices[0]
+    assert choice.text.strip() and choice.finish_reason in ("stop", "length")
+    # Raw text: far fewer prompt tokens than the same words inside the chat template.
+    assert 0 < whole.usage.prompt_tokens < 10
+    assert 0 < whole.usage.completion_tokens <= 12
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=served["chat"], prompt=prompt, max_tokens=12, temperature=0, stream=True)
+        if c.choices
+    )
+    assert streamed == choice.text
+    echoed = client.completions.create(model=served["chat"], prompt=prompt, max_tokens=12, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + choice.text
+    default = client.completions.create(model=served["chat"], prompt="Once upon a time", temperature=0)
+    assert default.usage.completion_tokens <= 16  # OpenAI's default max_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=served["chat"], prompt=[1, 2, 3])

@@ -701,6 +701,56 @@ pub(crate) async fn collect(
     }
 }
 
+/// One step of a generation as the streaming front ends see it.
+pub(crate) enum Piece {
+    /// More text.
+    Text(String),
+    /// The end, with the counts.
+    Done(Completion),
+    /// It failed (or the server is stopping); nothing follows.
+    Failed(ApiError),
+}
+
+/// The pieces of `generation` until its end or failure, keeping `run`'s accounting: the
+/// stream that the NDJSON (Ollama) and `text_completion` front ends write out. Dropping it
+/// (the client went away) drops the generation, which stops the engine's work on it.
+pub(crate) fn pieces(
+    generation: Generation,
+    run: Run,
+    shutdown: CancellationToken,
+) -> impl Stream<Item = Piece> {
+    futures::stream::unfold(Some((generation, run)), move |state| {
+        let shutdown = shutdown.clone();
+        async move {
+            let (mut generation, mut run) = state?;
+            let item = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => {
+                    run.fail();
+                    Metrics::add(&run.state.counters().cancelled_generations, 1);
+                    return Some((Piece::Failed(ApiError::shutting_down()), None));
+                }
+                item = generation.next() => item,
+            };
+            match item {
+                Some(Ok(Chunk::Text(t))) => Some((Piece::Text(t), Some((generation, run)))),
+                Some(Ok(Chunk::Done(done))) => {
+                    run.finish(&done);
+                    Some((Piece::Done(done), None))
+                }
+                Some(Err(e)) => {
+                    run.fail();
+                    Some((Piece::Failed(e.into()), None))
+                }
+                None => {
+                    run.fail();
+                    Some((Piece::Failed(ModelError::EngineStopped.into()), None))
+                }
+            }
+        }
+    })
+}
+
 /// Accounting of one generation: holds its admission permit, counts it as active, and
 /// counts it as cancelled when dropped before its end (client gone, server stopping).
 pub(crate) struct Run {
@@ -927,7 +977,7 @@ fn error_event(e: &ApiError) -> Event {
     Event::default().data(e.body().to_string())
 }
 
-fn usage(done: &Completion) -> Value {
+pub(crate) fn usage(done: &Completion) -> Value {
     json!({
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,
@@ -936,14 +986,14 @@ fn usage(done: &Completion) -> Value {
     })
 }
 
-fn finish_reason(reason: FinishReason) -> &'static str {
+pub(crate) fn finish_reason(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
     }
 }
 
-fn random_id(prefix: &str) -> String {
+pub(crate) fn random_id(prefix: &str) -> String {
     let suffix: String = rand::thread_rng()
         .sample_iter(&Alphanumeric)
         .take(24)
@@ -960,7 +1010,7 @@ fn completion_id() -> String {
     random_id("chatcmpl-")
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -21,6 +21,7 @@
 //! API refuses to listen beyond loopback without one ([`check_exposure`]).
 
 mod chat;
+mod completions;
 mod embeddings;
 mod error;
 mod extract;
@@ -107,6 +108,7 @@ pub fn router_with(state: AppState, extra: Router) -> Router {
     let limit = state.config().max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))

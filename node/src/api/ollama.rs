@@ -21,10 +21,10 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use starling_models::engine::{Chunk, Completion, FinishReason};
+use starling_models::engine::{Completion, FinishReason};
 use starling_models::ModelError;
 
 use super::chat::{self, ChatCompletionRequest, ChatPlan, Started};
@@ -459,16 +459,8 @@ async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Res
         shown,
     } = chat::start(&state, &mut plan).await?;
     let mut response = if plan.stream {
-        let lines = stream_lines(Streaming {
-            generation,
-            run,
-            model: model_id,
-            shape,
-            began,
-            held: with_tools.then(String::new),
-            shutdown: state.shutdown_token().clone(),
-            finished: false,
-        });
+        let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
+        let lines = stream_lines(pieces, model_id, shape, began, with_tools);
         let mut r = Response::new(Body::from_stream(lines));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -495,19 +487,6 @@ async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Res
     Ok(response)
 }
 
-struct Streaming {
-    generation: starling_models::engine::Generation,
-    run: chat::Run,
-    model: String,
-    shape: Shape,
-    began: Instant,
-    /// With tools: the text so far while it may still be a call (it is one when its first
-    /// character is `{`; then it is held to the end and sent as `tool_calls`).
-    held: Option<String>,
-    shutdown: tokio_util::sync::CancellationToken,
-    finished: bool,
-}
-
 fn ndjson(v: &Value) -> std::result::Result<Bytes, Infallible> {
     let mut line = v.to_string();
     line.push('\n');
@@ -515,68 +494,54 @@ fn ndjson(v: &Value) -> std::result::Result<Bytes, Infallible> {
 }
 
 /// The lines of a streamed answer: one per piece of text, then the last with the counts.
-/// An error after the first line is sent as `{"error": "..."}`, as Ollama does.
-fn stream_lines(st: Streaming) -> impl Stream<Item = std::result::Result<Bytes, Infallible>> {
-    futures::stream::unfold(st, |mut st| async move {
-        loop {
-            if st.finished {
-                return None;
-            }
-            let item = tokio::select! {
-                biased;
-                _ = st.shutdown.cancelled() => {
-                    st.run.fail();
-                    st.finished = true;
-                    return Some((ndjson(&json!({"error": ApiError::shutting_down().message()})), st));
-                }
-                item = st.generation.next() => item,
-            };
-            match item {
-                Some(Ok(Chunk::Text(text))) => {
-                    let text = match st.held.as_mut() {
-                        None => text,
-                        Some(held) => {
-                            held.push_str(&text);
-                            match held.trim_start().chars().next() {
-                                None | Some('{') => continue,
-                                Some(_) => {
-                                    let text = std::mem::take(held);
-                                    st.held = None;
-                                    text
-                                }
+/// An error after the first line is sent as `{"error": "..."}`, as Ollama does. With
+/// tools, text is held while it may still be a call (it is one when its first character
+/// is `{`; then it is held to the end and sent as `tool_calls`).
+fn stream_lines(
+    pieces: impl Stream<Item = chat::Piece>,
+    model: String,
+    shape: Shape,
+    began: Instant,
+    with_tools: bool,
+) -> impl Stream<Item = std::result::Result<Bytes, Infallible>> {
+    let mut held = with_tools.then(String::new);
+    pieces.filter_map(move |piece| {
+        let line = match piece {
+            chat::Piece::Text(text) => {
+                let text = match held.as_mut() {
+                    None => Some(text),
+                    Some(h) => {
+                        h.push_str(&text);
+                        match h.trim_start().chars().next() {
+                            None | Some('{') => None,
+                            Some(_) => {
+                                let text = std::mem::take(h);
+                                held = None;
+                                Some(text)
                             }
                         }
-                    };
-                    let mut line = st.shape.line(&st.model, &text, None);
+                    }
+                };
+                text.map(|text| {
+                    let mut line = shape.line(&model, &text, None);
                     line.insert("done".into(), json!(false));
-                    return Some((ndjson(&Value::Object(line)), st));
-                }
-                Some(Ok(Chunk::Done(done))) => {
-                    st.run.finish(&done);
-                    st.finished = true;
-                    let mut last = match st.held.take() {
-                        Some(held) => match tools::read_calls(&held, tool_call_id) {
-                            Some(calls) => st.shape.line(&st.model, "", Some(ollama_calls(&calls))),
-                            None => st.shape.line(&st.model, &held, None),
-                        },
-                        None => st.shape.line(&st.model, "", None),
-                    };
-                    totals(&mut last, &done, st.began);
-                    return Some((ndjson(&Value::Object(last)), st));
-                }
-                Some(Err(e)) => {
-                    st.run.fail();
-                    st.finished = true;
-                    return Some((ndjson(&json!({"error": ApiError::from(e).message()})), st));
-                }
-                None => {
-                    st.run.fail();
-                    st.finished = true;
-                    let e = ApiError::from(ModelError::EngineStopped);
-                    return Some((ndjson(&json!({"error": e.message()})), st));
-                }
+                    Value::Object(line)
+                })
             }
-        }
+            chat::Piece::Done(done) => {
+                let mut last = match held.take() {
+                    Some(h) => match tools::read_calls(&h, tool_call_id) {
+                        Some(calls) => shape.line(&model, "", Some(ollama_calls(&calls))),
+                        None => shape.line(&model, &h, None),
+                    },
+                    None => shape.line(&model, "", None),
+                };
+                totals(&mut last, &done, began);
+                Some(Value::Object(last))
+            }
+            chat::Piece::Failed(e) => Some(json!({"error": e.message()})),
+        };
+        futures::future::ready(line.map(|l| ndjson(&l)))
     })
 }
 

@@ -1,0 +1,208 @@
+//! `POST /v1/completions`: OpenAI's (legacy) text completions. The prompt is continued as it
+//! is, without the chat template, whole or streamed as server-sent `text_completion` events.
+//!
+//! The request is read into the same [`ChatPlan`] as a chat completion (its sampling fields
+//! are rewritten as a chat request's and checked by the same code), with the prompt as raw
+//! text.
+
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::chat::{self, ChatCompletionRequest, Started};
+use super::error::ApiError;
+use super::extract::{ApiJson, Documented};
+use super::state::AppState;
+
+/// OpenAI's default `max_tokens` for text completions.
+const DEFAULT_MAX_TOKENS: u64 = 16;
+
+/// The request body.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CompletionRequest {
+    model: Option<String>,
+    prompt: Value,
+    max_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<u64>,
+    min_p: Option<f64>,
+    repeat_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
+    seed: Option<i64>,
+    stop: Option<Value>,
+    stream: Option<bool>,
+    stream_options: Option<Value>,
+    echo: Option<bool>,
+    n: Option<u64>,
+}
+
+impl Documented for CompletionRequest {
+    const SCHEMA: &'static str = "CompletionRequest";
+}
+
+/// The prompt: a string, or an array holding one string.
+fn prompt_text(prompt: Value) -> Result<String, ApiError> {
+    match prompt {
+        Value::String(s) => Ok(s),
+        Value::Array(mut items) if items.len() == 1 && items[0].is_string() => Ok(items
+            .pop()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()),
+        Value::Array(items) if items.iter().all(Value::is_string) => Err(ApiError::invalid_param(
+            "prompt",
+            "one prompt per request: send each prompt in its own request",
+        )),
+        _ => Err(ApiError::invalid_param(
+            "prompt",
+            "token-id prompts are not supported; send the prompt as text",
+        )),
+    }
+}
+
+impl CompletionRequest {
+    /// The chat request this one amounts to, and the prompt.
+    fn into_chat(self) -> Result<(ChatCompletionRequest, String, bool), ApiError> {
+        let prompt = prompt_text(self.prompt)?;
+        if prompt.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+        }
+        let mut req = Map::new();
+        let mut put = |k: &str, v: Value| {
+            if !v.is_null() {
+                req.insert(k.to_owned(), v);
+            }
+        };
+        put("model", json!(self.model));
+        // The chat checks need a message; the prompt itself is sent raw.
+        put("messages", json!([{"role": "user", "content": "-"}]));
+        put(
+            "max_tokens",
+            json!(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+        );
+        put("temperature", json!(self.temperature));
+        put("top_p", json!(self.top_p));
+        put("top_k", json!(self.top_k));
+        put("min_p", json!(self.min_p));
+        put("repeat_penalty", json!(self.repeat_penalty));
+        put("frequency_penalty", json!(self.frequency_penalty));
+        put("presence_penalty", json!(self.presence_penalty));
+        put("seed", json!(self.seed));
+        put("stop", self.stop.unwrap_or(Value::Null));
+        put("stream", json!(self.stream));
+        put("stream_options", self.stream_options.unwrap_or(Value::Null));
+        put("n", json!(self.n));
+        let chat = serde_json::from_value(Value::Object(req))
+            .map_err(|e| ApiError::invalid(format!("invalid request: {e}")))?;
+        Ok((chat, prompt, self.echo.unwrap_or(false)))
+    }
+}
+
+fn choice(text: &str, finish: Option<&str>) -> Value {
+    json!({"text": text, "index": 0, "logprobs": null, "finish_reason": finish})
+}
+
+/// The handler.
+pub(crate) async fn completions(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let (chat_req, prompt, echo) = body.into_chat()?;
+    let mut plan = chat_req.plan()?;
+    plan.raw = Some(prompt.clone());
+    let Started {
+        generation,
+        run,
+        model_id,
+        ..
+    } = chat::start(&state, &mut plan).await?;
+    let id = chat::random_id("cmpl-");
+    let created = chat::unix_now();
+    let head = move |choices: Value| {
+        json!({"id": id, "object": "text_completion", "created": created,
+               "model": model_id, "system_fingerprint": null, "choices": choices})
+    };
+    if !plan.stream {
+        let (text, done) = chat::collect(generation, run, &state).await?;
+        let text = if echo {
+            format!("{prompt}{text}")
+        } else {
+            text
+        };
+        let mut body = head(json!([choice(
+            &text,
+            Some(chat::finish_reason(done.finish_reason))
+        )]));
+        body["usage"] = chat::usage(&done);
+        return Ok(Json(body).into_response());
+    }
+    let include_usage = plan.include_usage;
+    let first = echo.then(|| head(json!([choice(&prompt, None)])));
+    let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
+    let events = futures::stream::iter(first)
+        .chain(pieces.flat_map(move |piece| {
+            let out: Vec<Value> = match piece {
+                chat::Piece::Text(t) => vec![head(json!([choice(&t, None)]))],
+                chat::Piece::Done(done) => {
+                    let reason = chat::finish_reason(done.finish_reason);
+                    let mut last = vec![head(json!([choice("", Some(reason))]))];
+                    if include_usage {
+                        let mut u = head(json!([]));
+                        u["usage"] = chat::usage(&done);
+                        last.push(u);
+                    }
+                    last
+                }
+                chat::Piece::Failed(e) => vec![e.body()],
+            };
+            futures::stream::iter(out)
+        }))
+        .map(|v| Ok::<_, Infallible>(Event::default().data(v.to_string())))
+        .chain(futures::stream::once(async {
+            Ok(Event::default().data("[DONE]"))
+        }));
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(v: Value) -> CompletionRequest {
+        serde_json::from_value(v).expect("shape")
+    }
+
+    #[test]
+    fn prompts_are_one_text() {
+        assert_eq!(prompt_text(json!("a b")).expect("string"), "a b");
+        assert_eq!(prompt_text(json!(["a b"])).expect("one"), "a b");
+        assert!(prompt_text(json!(["a", "b"])).is_err());
+        assert!(prompt_text(json!([1, 2, 3])).is_err());
+        assert!(prompt_text(json!([[1, 2]])).is_err());
+        assert!(prompt_text(json!(null)).is_err());
+    }
+
+    #[test]
+    fn max_tokens_defaults_to_sixteen_and_chat_checks_apply() {
+        let (chat, prompt, echo) = request(json!({"prompt": "Once", "echo": true}))
+            .into_chat()
+            .expect("valid");
+        let plan = chat.plan().expect("plan");
+        assert_eq!(plan.max_tokens, Some(16));
+        assert_eq!((prompt.as_str(), echo), ("Once", true));
+        let (chat, _, _) = request(json!({"prompt": "x", "temperature": 7}))
+            .into_chat()
+            .expect("read");
+        assert!(chat.plan().is_err(), "the chat checks refuse temperature 7");
+        assert!(request(json!({"prompt": ""})).into_chat().is_err());
+    }
+}
