@@ -39,6 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 sampling,
                 stop: Vec::new(),
                 constraint: constrained.then(|| Constraint::JsonSchema(schema.clone())),
+                logprobs: None,
             };
             let (text, done) = engine.generate(req)?.text().await?;
             tokens += done.completion_tokens;

@@ -122,6 +122,36 @@ pub struct GenerateRequest {
     /// Output must match this JSON Schema, regular expression or grammar. Enforced token by
     /// token: the output always matches unless `max_tokens` cuts it short.
     pub constraint: Option<Constraint>,
+    /// Report each generated token's log-probability and this many most likely
+    /// alternatives ([`Chunk::Logprob`]); `None`: none.
+    pub logprobs: Option<usize>,
+}
+
+/// Most alternatives a [`GenerateRequest::logprobs`] may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A token and its log-probability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenProb {
+    /// Its text (invalid UTF-8, as in a piece of a character, is replaced).
+    pub token: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Natural log of its probability.
+    pub logprob: f32,
+}
+
+/// A generated token's log-probability and the most likely tokens at its place.
+///
+/// The distribution is the model's at temperature 1 after the repetition penalty and, with
+/// a constraint, over the tokens the constraint allows there (so a forced token has
+/// log-probability 0).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token chosen.
+    pub chosen: TokenProb,
+    /// The most likely tokens, best first.
+    pub top: Vec<TokenProb>,
 }
 
 impl GenerateRequest {
@@ -133,6 +163,7 @@ impl GenerateRequest {
             sampling: SamplingOptions::default(),
             stop: Vec::new(),
             constraint: None,
+            logprobs: None,
         }
     }
 }
@@ -169,6 +200,10 @@ pub struct Completion {
 pub enum Chunk {
     /// More output text (never splits a UTF-8 character).
     Text(String),
+    /// The log-probability of the next generated token (only when asked for; it comes
+    /// before the text the token adds, which may be held back until a character or a
+    /// possible stop string is complete).
+    Logprob(TokenLogprob),
     /// The end of the stream.
     Done(Completion),
 }
@@ -195,6 +230,7 @@ impl Generation {
         while let Some(item) = self.next().await {
             match item? {
                 Chunk::Text(t) => out.push_str(&t),
+                Chunk::Logprob(_) => {}
                 Chunk::Done(c) => return Ok((out, c)),
             }
         }
@@ -310,6 +346,11 @@ impl Engine {
     /// Queues a request and returns its output stream.
     pub fn generate(&self, req: GenerateRequest) -> Result<Generation> {
         req.sampling.validate()?;
+        if req.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            return Err(ModelError::InvalidRequest(format!(
+                "at most {MAX_TOP_LOGPROBS} alternatives per token can be reported"
+            )));
+        }
         if req.max_tokens == 0 {
             return Err(ModelError::InvalidRequest(
                 "max_tokens must be at least 1".into(),
@@ -452,6 +493,16 @@ impl Worker {
                     "the model produced no valid logits".into(),
                 ));
             };
+            if let Some(k) = req.logprobs {
+                if let Some(c) = constraint.as_mut() {
+                    // Over the allowed tokens only, whether or not the draw needed the mask.
+                    c.compute_mask()?.apply_to_logits(&mut logits);
+                }
+                let entry = token_logprob(&tokenizer, &logits, token, k);
+                if tx.send(Ok(Chunk::Logprob(entry))).is_err() {
+                    return Ok(()); // the caller went away: cancelled
+                }
+            }
             if eot.contains(&token) {
                 finish = FinishReason::Stop;
                 break;
@@ -501,6 +552,48 @@ impl Worker {
             generation_ms: gen_start.elapsed().as_secs_f64() * 1e3,
         })));
         Ok(())
+    }
+}
+
+/// The log-probability of `token` under `logits` (log-softmax) and the `k` most likely
+/// tokens.
+fn token_logprob(tokenizer: &GgufTokenizer, logits: &[f32], token: u32, k: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .map(|&l| f64::from(l - max).exp())
+        .filter(|e| e.is_finite())
+        .sum();
+    let log_z = max + sum.ln() as f32;
+    let prob = |id: u32| {
+        let bytes = if (id as usize) < tokenizer.vocab_size() {
+            tokenizer.token_bytes(id).to_vec()
+        } else {
+            Vec::new()
+        };
+        TokenProb {
+            token: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+            logprob: (logits[id as usize] - log_z).min(0.0),
+        }
+    };
+    let mut top: Vec<u32> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        // One pass keeping the k best (k is at most 20).
+        for (id, &l) in logits.iter().enumerate() {
+            if l == f32::NEG_INFINITY {
+                continue;
+            }
+            if top.len() < k || l > logits[top[top.len() - 1] as usize] {
+                let at = top.partition_point(|&t| logits[t as usize] >= l);
+                top.insert(at, id as u32);
+                top.truncate(k);
+            }
+        }
+    }
+    TokenLogprob {
+        chosen: prob(token),
+        top: top.into_iter().map(prob).collect(),
     }
 }
 

@@ -34,6 +34,7 @@ async fn two_hundred_constrained_decisions_are_all_valid() {
             sampling,
             stop: Vec::new(),
             constraint: Some(Constraint::JsonSchema(schema.clone())),
+            logprobs: None,
         };
         let (text, _) = engine
             .generate(req)

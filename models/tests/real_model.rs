@@ -30,6 +30,7 @@ fn ask(question: &str, max_tokens: usize) -> GenerateRequest {
         sampling: SamplingOptions::greedy(),
         stop: Vec::new(),
         constraint: None,
+        logprobs: None,
     }
 }
 
@@ -68,6 +69,7 @@ async fn streaming_equals_collected_output() {
                 chunks += 1;
                 streamed.push_str(&t);
             }
+            Chunk::Logprob(_) => {}
             Chunk::Done(c) => done = Some(c),
         }
     }
@@ -128,6 +130,7 @@ async fn second_architecture_gemma3_generates() {
         sampling: SamplingOptions::greedy(),
         stop: Vec::new(),
         constraint: None,
+        logprobs: None,
     };
     let (text, done) = e.generate(req).expect("queue").text().await.expect("run");
     assert!(done.completion_tokens > 0);

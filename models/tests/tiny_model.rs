@@ -28,6 +28,7 @@ fn greedy(prompt: &str, max_tokens: usize) -> GenerateRequest {
         sampling: SamplingOptions::greedy(),
         stop: Vec::new(),
         constraint: None,
+        logprobs: None,
     }
 }
 
@@ -62,6 +63,7 @@ async fn generates_and_streams_the_same_text_twice() {
     while let Some(item) = gen.next().await {
         match item.expect("chunk") {
             Chunk::Text(t) => streamed.push_str(&t),
+            Chunk::Logprob(_) => {}
             Chunk::Done(c) => second = Some(c),
         }
     }
@@ -310,4 +312,91 @@ fn unsupported_architecture_is_named() {
         .err()
         .expect("must fail");
     assert!(err.to_string().contains("mamba"), "{err}");
+}
+
+/// The log-probability chunks of a generation, and its text and end.
+async fn scored(
+    engine: &Engine,
+    req: GenerateRequest,
+) -> (
+    Vec<starling_models::engine::TokenLogprob>,
+    String,
+    starling_models::engine::Completion,
+) {
+    let mut gen = engine.generate(req).expect("queue");
+    let (mut probs, mut text, mut done) = (Vec::new(), String::new(), None);
+    while let Some(item) = gen.next().await {
+        match item.expect("chunk") {
+            Chunk::Logprob(l) => probs.push(l),
+            Chunk::Text(t) => text.push_str(&t),
+            Chunk::Done(c) => done = Some(c),
+        }
+    }
+    (probs, text, done.expect("done"))
+}
+
+#[tokio::test]
+async fn logprobs_score_every_generated_token_and_its_best_alternatives() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine =
+        Engine::load(&tiny(dir.path(), GgmlDType::Q8_0), &EngineConfig::default()).expect("load");
+    let mut req = greedy("hello there", 12);
+    req.logprobs = Some(5);
+    let (probs, text, done) = scored(&engine, req).await;
+    assert_eq!(
+        probs.len(),
+        done.completion_tokens,
+        "one entry per generated token"
+    );
+    let joined: String = probs.iter().map(|p| p.chosen.token.as_str()).collect();
+    assert_eq!(joined, text, "the tokens spell the text");
+    for p in &probs {
+        assert_eq!(p.top.len(), 5);
+        assert!(
+            p.top.windows(2).all(|w| w[0].logprob >= w[1].logprob),
+            "best first"
+        );
+        // Greedy without a penalty picks the most likely token.
+        assert_eq!(p.chosen.bytes, p.top[0].bytes);
+        assert!(p.chosen.logprob <= 0.0 && p.chosen.logprob > -30.0);
+        let mass: f32 = p.top.iter().map(|t| t.logprob.exp()).sum();
+        assert!(
+            mass <= 1.0 + 1e-4,
+            "probabilities of distinct tokens sum to at most 1"
+        );
+    }
+    // Off unless asked for.
+    let (none, plain, _) = scored(&engine, greedy("hello there", 12)).await;
+    assert!(none.is_empty());
+    assert_eq!(plain, text);
+    // Under a constraint, the distribution is over the tokens it allows: every
+    // alternative reported continues the only text the constraint accepts, and they carry
+    // all the mass.
+    let mut forced = greedy("hello there", 12);
+    forced.constraint = Some(starling_models::constraint::Constraint::Regex(
+        "hello".into(),
+    ));
+    forced.logprobs = Some(20);
+    let (probs, text, _) = scored(&engine, forced).await;
+    assert_eq!(text, "hello");
+    let mut so_far = String::new();
+    for p in &probs {
+        assert!(!p.top.is_empty());
+        for alt in &p.top {
+            assert!(
+                "hello".starts_with(&format!("{so_far}{}", alt.token)),
+                "{alt:?} after {so_far:?}"
+            );
+        }
+        let mass: f32 = p.top.iter().map(|t| t.logprob.exp()).sum();
+        assert!(
+            (mass - 1.0).abs() < 1e-3,
+            "the allowed tokens carry all the mass: {mass}"
+        );
+        so_far.push_str(&p.chosen.token);
+    }
+    assert_eq!(so_far, "hello");
+    let mut too_many = greedy("hello there", 4);
+    too_many.logprobs = Some(21);
+    assert!(engine.generate(too_many).is_err());
 }

@@ -134,3 +134,14 @@ def test_what_cannot_be_honoured_is_refused(client, names):
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="no-such-model", messages=CAPITAL)
     assert e.value.status_code == 404 and "no-such-model" in e.value.error
+
+
+def test_logprobs_come_with_the_text_they_score(client, names):
+    r = client.chat(model=names["chat"], messages=CAPITAL, options=GREEDY, logprobs=True, top_logprobs=2)
+    assert len(r.logprobs) == r.eval_count
+    assert "".join(l.token for l in r.logprobs) == r.message.content
+    assert all(l.logprob <= 0 and len(l.top_logprobs) == 2 for l in r.logprobs)
+    parts = list(client.generate(model=names["chat"], prompt="What is the capital of France?", options=GREEDY,
+                                 logprobs=True, stream=True))
+    tokens = [l.token for p in parts for l in (p.logprobs or [])]
+    assert "".join(tokens) == "".join(p.response for p in parts)

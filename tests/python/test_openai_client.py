@@ -257,3 +257,32 @@ def test_text_completion_continues_the_prompt_whole_streamed_and_echoed(client, 
     assert default.usage.completion_tokens <= 16  # OpenAI's default max_tokens
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=served["chat"], prompt=[1, 2, 3])
+
+
+def test_logprobs_score_each_token_whole_and_streamed(client, served):
+    r = client.chat.completions.create(
+        model=served["chat"], messages=CAPITAL, temperature=0, max_tokens=16, logprobs=True, top_logprobs=3
+    )
+    choice = r.choices[0]
+    entries = choice.logprobs.content
+    assert len(entries) == r.usage.completion_tokens
+    assert "".join(e.token for e in entries) == choice.message.content
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token
+        # Greedy picks the most likely token.
+        assert e.top_logprobs[0].token == e.token
+    stream = client.chat.completions.create(
+        model=served["chat"], messages=CAPITAL, temperature=0, max_tokens=16, logprobs=True, top_logprobs=3, stream=True
+    )
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in entries]
+    legacy = client.completions.create(
+        model=served["chat"], prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=2
+    )
+    lp = legacy.choices[0].logprobs
+    assert "".join(lp.tokens) == legacy.choices[0].text
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=served["chat"], messages=CAPITAL, top_logprobs=3)

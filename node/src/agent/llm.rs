@@ -122,6 +122,7 @@ impl Llm {
             sampling: self.sampling.clone(),
             stop: Vec::new(),
             constraint,
+            logprobs: None,
         };
         let (text, done) = engine.generate(req)?.text().await?;
         self.counters

@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use starling_models::chat::ChatMessage;
 use starling_models::constraint::{Constraint, ConstraintError};
 use starling_models::engine::{
-    Chunk, Completion, Engine, FinishReason, GenerateRequest, Generation, Prompt,
+    Chunk, Completion, Engine, FinishReason, GenerateRequest, Generation, Prompt, TokenLogprob,
+    TokenProb, MAX_TOP_LOGPROBS,
 };
 use starling_models::sampling::SamplingOptions;
 use starling_models::ModelError;
@@ -60,6 +61,7 @@ pub(crate) struct ChatCompletionRequest {
     n: Option<u64>,
     response_format: Option<Value>,
     logprobs: Option<bool>,
+    top_logprobs: Option<u64>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
@@ -106,6 +108,8 @@ pub(crate) struct ChatPlan {
     pub format: OutputFormat,
     /// The tools the model may call, unless there are none (or `tool_choice` is `none`).
     pub tools: Option<ToolPlan>,
+    /// Report log-probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
     /// Raw text to continue instead of `messages` (Ollama's `raw` generate): no chat
     /// template, no worked examples, no tool instructions.
     pub raw: Option<String>,
@@ -119,12 +123,25 @@ impl ChatCompletionRequest {
                 return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
             }
         }
-        if self.logprobs == Some(true) {
-            return Err(ApiError::invalid_param(
-                "logprobs",
-                "logprobs are not supported",
-            ));
-        }
+        let logprobs = match (self.logprobs, self.top_logprobs) {
+            (Some(true), top) => {
+                let top = top.unwrap_or(0);
+                if top > MAX_TOP_LOGPROBS as u64 {
+                    return Err(ApiError::invalid_param(
+                        "top_logprobs",
+                        format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}"),
+                    ));
+                }
+                Some(top as usize)
+            }
+            (_, Some(_)) => {
+                return Err(ApiError::invalid_param(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                ))
+            }
+            _ => None,
+        };
         let tools = tools::parse(
             self.tools.as_deref(),
             self.tool_choice.as_ref(),
@@ -232,6 +249,7 @@ impl ChatCompletionRequest {
             include_usage,
             format,
             tools,
+            logprobs,
             raw: None,
         })
     }
@@ -500,6 +518,7 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
         sampling: plan.sampling.clone(),
         stop: plan.stop.clone(),
         constraint: constraint.clone(),
+        logprobs: plan.logprobs,
     };
     let mut shown = Vec::new();
     let generation = if let Some(raw) = plan.raw.take() {
@@ -579,12 +598,17 @@ pub(crate) async fn chat_completions(
             phase: Phase::Role,
             tool_text: plan.tools.is_some().then(ToolText::default),
             queue: std::collections::VecDeque::new(),
+            logprobs: plan.logprobs.map(|_| Vec::new()),
         });
         Sse::new(events)
             .keep_alive(KeepAlive::default())
             .into_response()
     } else {
-        let (text, done) = collect(generation, run, &state).await?;
+        let Collected {
+            text,
+            done,
+            logprobs,
+        } = collect(generation, run, &state).await?;
         let calls = plan
             .tools
             .as_ref()
@@ -609,7 +633,7 @@ pub(crate) async fn chat_completions(
             "choices": [{
                 "index": 0,
                 "message": message,
-                "logprobs": null,
+                "logprobs": plan.logprobs.map(|_| openai_logprobs(&logprobs)),
                 "finish_reason": finish,
             }],
             "usage": usage(&done),
@@ -670,13 +694,21 @@ async fn with_examples(messages: &mut Vec<ChatMessage>, ex: &MemoryExamples) -> 
     memories.into_iter().map(|m| m.id).collect()
 }
 
+/// A whole answer: its text, its end and (when asked for) its tokens' log-probabilities.
+pub(crate) struct Collected {
+    pub text: String,
+    pub done: Completion,
+    pub logprobs: Vec<TokenLogprob>,
+}
+
 pub(crate) async fn collect(
     mut generation: Generation,
     mut run: Run,
     state: &AppState,
-) -> Result<(String, Completion), ApiError> {
+) -> Result<Collected, ApiError> {
     let shutdown = state.shutdown_token().clone();
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     loop {
         let item = tokio::select! {
             biased;
@@ -685,9 +717,14 @@ pub(crate) async fn collect(
         };
         match item {
             Some(Ok(Chunk::Text(t))) => text.push_str(&t),
+            Some(Ok(Chunk::Logprob(l))) => logprobs.push(l),
             Some(Ok(Chunk::Done(done))) => {
                 run.finish(&done);
-                return Ok((text, done));
+                return Ok(Collected {
+                    text,
+                    done,
+                    logprobs,
+                });
             }
             Some(Err(e)) => {
                 run.fail();
@@ -705,6 +742,8 @@ pub(crate) async fn collect(
 pub(crate) enum Piece {
     /// More text.
     Text(String),
+    /// The log-probability of a token whose text comes next (only when asked for).
+    Logprob(TokenLogprob),
     /// The end, with the counts.
     Done(Completion),
     /// It failed (or the server is stopping); nothing follows.
@@ -734,6 +773,7 @@ pub(crate) fn pieces(
             };
             match item {
                 Some(Ok(Chunk::Text(t))) => Some((Piece::Text(t), Some((generation, run)))),
+                Some(Ok(Chunk::Logprob(l))) => Some((Piece::Logprob(l), Some((generation, run)))),
                 Some(Ok(Chunk::Done(done))) => {
                     run.finish(&done);
                     Some((Piece::Done(done), None))
@@ -819,6 +859,8 @@ struct StreamState {
     tool_text: Option<ToolText>,
     /// Events to send before going on (a call's chunk before the finish chunk).
     queue: std::collections::VecDeque<Event>,
+    /// Log-probabilities of tokens whose text has not been sent yet (`None`: not asked).
+    logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// A streamed answer with tools: text is held back until its first character tells a
@@ -831,14 +873,20 @@ struct ToolText {
 }
 
 impl StreamState {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> Event {
+    /// A chunk, carrying the log-probabilities gathered since the last one.
+    fn chunk(&mut self, delta: Value, finish: Option<&str>) -> Event {
+        let logprobs = self
+            .logprobs
+            .as_mut()
+            .filter(|l| !l.is_empty())
+            .map(|l| openai_logprobs(&std::mem::take(l)));
         let mut body = json!({
             "id": self.meta.id,
             "object": "chat.completion.chunk",
             "created": self.meta.created,
             "model": self.meta.model,
             "system_fingerprint": null,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         });
         if self.include_usage {
             body["usage"] = Value::Null;
@@ -873,6 +921,13 @@ fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infalli
                     item = st.generation.next() => item,
                 };
                 match item {
+                    Some(Ok(Chunk::Logprob(l))) => {
+                        st.phase = Phase::Body;
+                        if let Some(pending) = st.logprobs.as_mut() {
+                            pending.push(l);
+                        }
+                        return Some((Ok(Event::default().comment("")), st));
+                    }
                     Some(Ok(Chunk::Text(text))) => {
                         st.phase = Phase::Body;
                         match st.tool_text.as_mut() {
@@ -970,6 +1025,24 @@ fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infalli
         };
         Some((Ok(event), st))
     })
+}
+
+/// A token and its log-probability as OpenAI writes them.
+fn openai_prob(t: &TokenProb) -> Value {
+    json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes})
+}
+
+/// OpenAI's `logprobs` of a chat choice: `{"content": [...], "refusal": null}`.
+pub(crate) fn openai_logprobs(entries: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut v = openai_prob(&e.chosen);
+            v["top_logprobs"] = e.top.iter().map(openai_prob).collect();
+            v
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
 }
 
 /// An error in the middle of a stream, as OpenAI sends it: `data: {"error": {...}}`.

@@ -14,8 +14,9 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use starling_models::engine::TokenLogprob;
 
-use super::chat::{self, ChatCompletionRequest, Started};
+use super::chat::{self, ChatCompletionRequest, Collected, Started};
 use super::error::ApiError;
 use super::extract::{ApiJson, Documented};
 use super::state::AppState;
@@ -42,6 +43,7 @@ pub(crate) struct CompletionRequest {
     stream_options: Option<Value>,
     echo: Option<bool>,
     n: Option<u64>,
+    logprobs: Option<u64>,
 }
 
 impl Documented for CompletionRequest {
@@ -99,14 +101,48 @@ impl CompletionRequest {
         put("stream", json!(self.stream));
         put("stream_options", self.stream_options.unwrap_or(Value::Null));
         put("n", json!(self.n));
+        if let Some(top) = self.logprobs {
+            if self.echo == Some(true) {
+                return Err(ApiError::invalid_param(
+                    "logprobs",
+                    "logprobs with echo is not supported: the prompt's tokens are not scored",
+                ));
+            }
+            put("logprobs", json!(true));
+            put("top_logprobs", json!(top));
+        }
         let chat = serde_json::from_value(Value::Object(req))
             .map_err(|e| ApiError::invalid(format!("invalid request: {e}")))?;
         Ok((chat, prompt, self.echo.unwrap_or(false)))
     }
 }
 
-fn choice(text: &str, finish: Option<&str>) -> Value {
-    json!({"text": text, "index": 0, "logprobs": null, "finish_reason": finish})
+fn choice(text: &str, finish: Option<&str>, logprobs: Option<Value>) -> Value {
+    json!({"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish})
+}
+
+/// The legacy `logprobs` of a text completion: parallel lists of tokens, their
+/// log-probabilities, the alternatives (`{token: logprob}`) and each token's offset in the
+/// text, counted in characters from `offset`.
+fn legacy_logprobs(entries: &[TokenLogprob], mut offset: usize) -> Value {
+    let mut tokens = Vec::with_capacity(entries.len());
+    let mut token_logprobs = Vec::with_capacity(entries.len());
+    let mut top_logprobs = Vec::with_capacity(entries.len());
+    let mut text_offset = Vec::with_capacity(entries.len());
+    for e in entries {
+        tokens.push(json!(e.chosen.token));
+        token_logprobs.push(json!(e.chosen.logprob));
+        let top: Map<String, Value> = e
+            .top
+            .iter()
+            .map(|t| (t.token.clone(), json!(t.logprob)))
+            .collect();
+        top_logprobs.push(Value::Object(top));
+        text_offset.push(json!(offset));
+        offset += e.chosen.token.chars().count();
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs,
+           "top_logprobs": top_logprobs, "text_offset": text_offset})
 }
 
 /// The handler.
@@ -129,8 +165,13 @@ pub(crate) async fn completions(
         json!({"id": id, "object": "text_completion", "created": created,
                "model": model_id, "system_fingerprint": null, "choices": choices})
     };
+    let scored = plan.logprobs.is_some();
     if !plan.stream {
-        let (text, done) = chat::collect(generation, run, &state).await?;
+        let Collected {
+            text,
+            done,
+            logprobs,
+        } = chat::collect(generation, run, &state).await?;
         let text = if echo {
             format!("{prompt}{text}")
         } else {
@@ -138,21 +179,35 @@ pub(crate) async fn completions(
         };
         let mut body = head(json!([choice(
             &text,
-            Some(chat::finish_reason(done.finish_reason))
+            Some(chat::finish_reason(done.finish_reason)),
+            scored.then(|| legacy_logprobs(&logprobs, 0)),
         )]));
         body["usage"] = chat::usage(&done);
         return Ok(Json(body).into_response());
     }
     let include_usage = plan.include_usage;
-    let first = echo.then(|| head(json!([choice(&prompt, None)])));
+    let first = echo.then(|| head(json!([choice(&prompt, None, None)])));
     let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
+    // Log-probabilities wait for the text of their tokens; `sent` counts the characters
+    // sent so far, for the offsets.
+    let mut pending: Vec<TokenLogprob> = Vec::new();
+    let mut sent = 0usize;
     let events = futures::stream::iter(first)
         .chain(pieces.flat_map(move |piece| {
+            let mut take = |text: &str| {
+                let l = scored.then(|| legacy_logprobs(&std::mem::take(&mut pending), sent));
+                sent += text.chars().count();
+                l
+            };
             let out: Vec<Value> = match piece {
-                chat::Piece::Text(t) => vec![head(json!([choice(&t, None)]))],
+                chat::Piece::Logprob(l) => {
+                    pending.push(l);
+                    Vec::new()
+                }
+                chat::Piece::Text(t) => vec![head(json!([choice(&t, None, take(&t))]))],
                 chat::Piece::Done(done) => {
                     let reason = chat::finish_reason(done.finish_reason);
-                    let mut last = vec![head(json!([choice("", Some(reason))]))];
+                    let mut last = vec![head(json!([choice("", Some(reason), take(""))]))];
                     if include_usage {
                         let mut u = head(json!([]));
                         u["usage"] = chat::usage(&done);

@@ -24,7 +24,7 @@ use axum::Json;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use starling_models::engine::{Completion, FinishReason};
+use starling_models::engine::{Completion, FinishReason, TokenLogprob, TokenProb};
 use starling_models::ModelError;
 
 use super::chat::{self, ChatCompletionRequest, ChatPlan, Started};
@@ -85,6 +85,8 @@ pub(crate) struct ChatRequest {
     #[allow(dead_code)]
     keep_alive: Option<Value>,
     think: Option<Value>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u64>,
 }
 
 impl Documented for ChatRequest {
@@ -108,6 +110,8 @@ pub(crate) struct GenerateRequest {
     #[allow(dead_code)]
     keep_alive: Option<Value>,
     think: Option<Value>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u64>,
 }
 
 impl Documented for GenerateRequest {
@@ -231,6 +235,29 @@ fn put_options(options: Option<&Map<String, Value>>, req: &mut Map<String, Value
         }
     }
     Ok(())
+}
+
+/// Ollama's `logprobs` / `top_logprobs`, which mean what OpenAI's do.
+fn put_logprobs(logprobs: Option<bool>, top: Option<u64>, req: &mut Map<String, Value>) {
+    if let Some(l) = logprobs {
+        req.insert("logprobs".into(), json!(l));
+    }
+    if let Some(t) = top {
+        req.insert("top_logprobs".into(), json!(t));
+    }
+}
+
+/// Log-probabilities as Ollama writes them: `[{token, logprob, bytes, top_logprobs}]`.
+fn ollama_logprobs(entries: &[TokenLogprob]) -> Value {
+    let prob = |t: &TokenProb| json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes});
+    entries
+        .iter()
+        .map(|e| {
+            let mut v = prob(&e.chosen);
+            v["top_logprobs"] = e.top.iter().map(prob).collect();
+            v
+        })
+        .collect()
 }
 
 /// Ollama's `format`: `"json"` (any JSON object) or a JSON Schema, as an OpenAI
@@ -452,6 +479,7 @@ impl Shape {
 async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Response> {
     let began = Instant::now();
     let with_tools = plan.tools.is_some();
+    let scored = plan.logprobs.is_some();
     let Started {
         generation,
         run,
@@ -460,7 +488,7 @@ async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Res
     } = chat::start(&state, &mut plan).await?;
     let mut response = if plan.stream {
         let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
-        let lines = stream_lines(pieces, model_id, shape, began, with_tools);
+        let lines = stream_lines(pieces, model_id, shape, began, with_tools, scored);
         let mut r = Response::new(Body::from_stream(lines));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -468,7 +496,11 @@ async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Res
         );
         r
     } else {
-        let (text, done) = chat::collect(generation, run, &state).await?;
+        let chat::Collected {
+            text,
+            done,
+            logprobs,
+        } = chat::collect(generation, run, &state).await?;
         let calls = with_tools
             .then(|| tools::read_calls(&text, tool_call_id))
             .flatten();
@@ -477,6 +509,9 @@ async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Res
             None => shape.line(&model_id, &text, None),
         };
         totals(&mut m, &done, began);
+        if scored {
+            m.insert("logprobs".into(), ollama_logprobs(&logprobs));
+        }
         Json(Value::Object(m)).into_response()
     };
     if !shown.is_empty() {
@@ -503,10 +538,17 @@ fn stream_lines(
     shape: Shape,
     began: Instant,
     with_tools: bool,
+    scored: bool,
 ) -> impl Stream<Item = std::result::Result<Bytes, Infallible>> {
     let mut held = with_tools.then(String::new);
+    // Log-probabilities go out with the line that carries their tokens' text.
+    let mut pending: Vec<TokenLogprob> = Vec::new();
     pieces.filter_map(move |piece| {
-        let line = match piece {
+        let mut line = match piece {
+            chat::Piece::Logprob(l) => {
+                pending.push(l);
+                None
+            }
             chat::Piece::Text(text) => {
                 let text = match held.as_mut() {
                     None => Some(text),
@@ -541,6 +583,9 @@ fn stream_lines(
             }
             chat::Piece::Failed(e) => Some(json!({"error": e.message()})),
         };
+        if let Some(l) = line.as_mut().filter(|l| scored && l.get("error").is_none()) {
+            l["logprobs"] = ollama_logprobs(&std::mem::take(&mut pending));
+        }
         futures::future::ready(line.map(|l| ndjson(&l)))
     })
 }
@@ -567,6 +612,7 @@ pub(crate) async fn chat(
         req.insert("response_format".into(), f);
     }
     put_options(b.options.as_ref(), &mut req)?;
+    put_logprobs(b.logprobs, b.top_logprobs, &mut req);
     req.insert("stream".into(), json!(b.stream.unwrap_or(true)));
     answer(state, plan(req)?, Shape::Chat).await
 }
@@ -622,6 +668,7 @@ pub(crate) async fn generate(
         req.insert("response_format".into(), f);
     }
     put_options(b.options.as_ref(), &mut req)?;
+    put_logprobs(b.logprobs, b.top_logprobs, &mut req);
     req.insert("stream".into(), json!(b.stream.unwrap_or(true)));
     let mut plan = plan(req)?;
     if raw {

@@ -100,6 +100,7 @@ pub fn run(home: &Path, args: GenerateArgs) -> anyhow::Result<()> {
         },
         stop: args.stop.clone(),
         constraint: constraint(&args)?,
+        logprobs: None,
     };
     let mut gen = engine.generate(req)?;
     let mut stdout = std::io::stdout().lock();
@@ -113,6 +114,7 @@ pub fn run(home: &Path, args: GenerateArgs) -> anyhow::Result<()> {
                 }
                 text.push_str(&t);
             }
+            Chunk::Logprob(_) => {}
             Chunk::Done(done) => {
                 if args.json {
                     let out = serde_json::json!({
