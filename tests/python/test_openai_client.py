@@ -286,3 +286,29 @@ def test_logprobs_score_each_token_whole_and_streamed(client, served):
     assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=served["chat"], messages=CAPITAL, top_logprobs=3)
+
+
+def test_n_answers_are_separate_generations(client, served):
+    r = client.chat.completions.create(
+        model=served["chat"], messages=CAPITAL, temperature=1.0, seed=7, max_tokens=12, n=3
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    texts = [c.message.content for c in r.choices]
+    assert all(texts) and len(set(texts)) > 1, texts  # sampled with seeds 7, 8, 9
+    again = client.chat.completions.create(
+        model=served["chat"], messages=CAPITAL, temperature=1.0, seed=7, max_tokens=12, n=3
+    )
+    assert [c.message.content for c in again.choices] == texts  # seeded: the same answers
+    one = client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=1.0, seed=7, max_tokens=12)
+    assert one.choices[0].message.content == texts[0]
+    singles = [one] + [
+        client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=1.0, seed=s, max_tokens=12)
+        for s in (8, 9)
+    ]
+    assert [s.choices[0].message.content for s in singles] == texts
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert r.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    legacy = client.completions.create(model=served["chat"], prompt="Once upon a time", n=2, temperature=1.0, seed=3)
+    assert [c.index for c in legacy.choices] == [0, 1]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=served["chat"], messages=CAPITAL, n=2, stream=True)

@@ -34,6 +34,8 @@ use crate::memory::DEFAULT_DOMAIN;
 const MAX_STOP: usize = 16;
 /// Most messages in one request.
 const MAX_MESSAGES: usize = 4096;
+/// Most choices (`n`) in one request: each is a generation of its own.
+pub(crate) const MAX_CHOICES: u64 = 8;
 
 /// The request body. Fields OpenAI defines that change nothing here (`user`, `metadata`,
 /// `store`, ...) are accepted and ignored; fields whose meaning this server cannot honour
@@ -96,7 +98,7 @@ pub(crate) enum OutputFormat {
 }
 
 /// A validated request, ready for an engine.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ChatPlan {
     pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
@@ -110,6 +112,8 @@ pub(crate) struct ChatPlan {
     pub tools: Option<ToolPlan>,
     /// Report log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// How many answers to write (`n`; never more than one when streaming).
+    pub n: usize,
     /// Raw text to continue instead of `messages` (Ollama's `raw` generate): no chat
     /// template, no worked examples, no tool instructions.
     pub raw: Option<String>,
@@ -118,10 +122,18 @@ pub(crate) struct ChatPlan {
 impl ChatCompletionRequest {
     /// Checks every field and turns the request into a plan, or names the bad field.
     pub fn plan(self) -> Result<ChatPlan, ApiError> {
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
-            }
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!("n must be between 1 and {MAX_CHOICES}"),
+            ));
+        }
+        if n > 1 && self.stream == Some(true) {
+            return Err(ApiError::invalid_param(
+                "n",
+                "n > 1 cannot be streamed: ask for n answers with stream: false, or stream one",
+            ));
         }
         let logprobs = match (self.logprobs, self.top_logprobs) {
             (Some(true), top) => {
@@ -250,6 +262,7 @@ impl ChatCompletionRequest {
             format,
             tools,
             logprobs,
+            n: n as usize,
             raw: None,
         })
     }
@@ -576,23 +589,23 @@ pub(crate) async fn chat_completions(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let mut plan = body.plan()?;
-    let Started {
-        generation,
-        run,
-        model_id,
-        shown,
-    } = start(&state, &mut plan).await?;
-    let meta = Meta {
-        id: completion_id(),
-        created: unix_now(),
-        model: model_id,
-    };
-    let mut response = if plan.stream {
+    let plan = body.plan()?;
+    if plan.stream {
+        let mut first = plan.clone();
+        let Started {
+            generation,
+            run,
+            model_id,
+            shown,
+        } = start(&state, &mut first).await?;
         let events = stream_events(StreamState {
             generation,
             run,
-            meta,
+            meta: Meta {
+                id: completion_id(),
+                created: unix_now(),
+                model: model_id,
+            },
             include_usage: plan.include_usage,
             shutdown: state.shutdown_token().clone(),
             phase: Phase::Role,
@@ -600,15 +613,26 @@ pub(crate) async fn chat_completions(
             queue: std::collections::VecDeque::new(),
             logprobs: plan.logprobs.map(|_| Vec::new()),
         });
-        Sse::new(events)
+        let response = Sse::new(events)
             .keep_alive(KeepAlive::default())
-            .into_response()
-    } else {
+            .into_response();
+        return Ok(with_memories_header(response, &shown));
+    }
+    let created = unix_now();
+    let mut choices = Vec::with_capacity(plan.n);
+    let mut answers = Vec::with_capacity(plan.n);
+    let (mut model, mut shown) = (String::new(), Vec::new());
+    for (index, mut one) in choice_plans(&plan).into_iter().enumerate() {
+        let started = start(&state, &mut one).await?;
+        if index == 0 {
+            model = started.model_id;
+            shown = started.shown;
+        }
         let Collected {
             text,
             done,
             logprobs,
-        } = collect(generation, run, &state).await?;
+        } = collect(started.generation, started.run, &state).await?;
         let calls = plan
             .tools
             .as_ref()
@@ -624,28 +648,63 @@ pub(crate) async fn chat_completions(
                 finish_reason(done.finish_reason),
             ),
         };
-        Json(json!({
-            "id": meta.id,
-            "object": "chat.completion",
-            "created": meta.created,
-            "model": meta.model,
-            "system_fingerprint": null,
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": plan.logprobs.map(|_| openai_logprobs(&logprobs)),
-                "finish_reason": finish,
-            }],
-            "usage": usage(&done),
-        }))
-        .into_response()
-    };
+        choices.push(json!({
+            "index": index,
+            "message": message,
+            "logprobs": plan.logprobs.map(|_| openai_logprobs(&logprobs)),
+            "finish_reason": finish,
+        }));
+        answers.push(done);
+    }
+    let response = Json(json!({
+        "id": completion_id(),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": null,
+        "choices": choices,
+        "usage": usage_of_all(&answers),
+    }))
+    .into_response();
+    Ok(with_memories_header(response, &shown))
+}
+
+/// One plan per answer of a request with `n` answers: answer `i` samples with the
+/// request's seed plus `i`, so the answers differ (unless greedy) and a seeded request
+/// gives the same answers again.
+pub(crate) fn choice_plans(plan: &ChatPlan) -> Vec<ChatPlan> {
+    (0..plan.n)
+        .map(|i| {
+            let mut one = plan.clone();
+            one.n = 1;
+            one.sampling.seed = plan.sampling.seed.map(|s| s.wrapping_add(i as u64));
+            one
+        })
+        .collect()
+}
+
+/// The usage of several answers to one prompt: the prompt counted once, the completions
+/// summed.
+pub(crate) fn usage_of_all(answers: &[Completion]) -> Value {
+    let prompt = answers.first().map_or(0, |d| d.prompt_tokens);
+    let cached = answers.first().map_or(0, |d| d.cached_prompt_tokens);
+    let completion: usize = answers.iter().map(|d| d.completion_tokens).sum();
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// `response` with the ids of the shared memories shown as worked examples, if any.
+fn with_memories_header(mut response: Response, shown: &[String]) -> Response {
     if !shown.is_empty() {
         if let Ok(v) = axum::http::HeaderValue::from_str(&shown.join(",")) {
             response.headers_mut().insert(MEMORIES_HEADER, v);
         }
     }
-    Ok(response)
+    response
 }
 
 /// Starts a generation. Rendering and tokenising a long prompt is CPU work: it runs off
@@ -1051,12 +1110,7 @@ fn error_event(e: &ApiError) -> Event {
 }
 
 pub(crate) fn usage(done: &Completion) -> Value {
-    json!({
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_prompt_tokens},
-    })
+    usage_of_all(std::slice::from_ref(done))
 }
 
 pub(crate) fn finish_reason(reason: FinishReason) -> &'static str {
@@ -1140,7 +1194,11 @@ mod tests {
     fn bad_fields_name_their_param() {
         let msgs = json!([{"role": "user", "content": "hi"}]);
         assert_eq!(
-            param_of(parse(json!({"messages": msgs, "n": 2}))).as_deref(),
+            param_of(parse(json!({"messages": msgs, "n": 9}))).as_deref(),
+            Some("n")
+        );
+        assert_eq!(
+            param_of(parse(json!({"messages": msgs, "n": 2, "stream": true}))).as_deref(),
             Some("n")
         );
         assert_eq!(

@@ -153,38 +153,52 @@ pub(crate) async fn completions(
     let (chat_req, prompt, echo) = body.into_chat()?;
     let mut plan = chat_req.plan()?;
     plan.raw = Some(prompt.clone());
+    let id = chat::random_id("cmpl-");
+    let created = chat::unix_now();
+    let scored = plan.logprobs.is_some();
+    if !plan.stream {
+        let mut choices = Vec::with_capacity(plan.n);
+        let mut answers = Vec::with_capacity(plan.n);
+        let mut model = String::new();
+        for (index, mut one) in chat::choice_plans(&plan).into_iter().enumerate() {
+            let started = chat::start(&state, &mut one).await?;
+            model = started.model_id;
+            let Collected {
+                text,
+                done,
+                logprobs,
+            } = chat::collect(started.generation, started.run, &state).await?;
+            let text = if echo {
+                format!("{prompt}{text}")
+            } else {
+                text
+            };
+            let mut c = choice(
+                &text,
+                Some(chat::finish_reason(done.finish_reason)),
+                scored.then(|| legacy_logprobs(&logprobs, 0)),
+            );
+            c["index"] = json!(index);
+            choices.push(c);
+            answers.push(done);
+        }
+        return Ok(Json(
+            json!({"id": id, "object": "text_completion", "created": created,
+                              "model": model, "system_fingerprint": null, "choices": choices,
+                              "usage": chat::usage_of_all(&answers)}),
+        )
+        .into_response());
+    }
     let Started {
         generation,
         run,
         model_id,
         ..
     } = chat::start(&state, &mut plan).await?;
-    let id = chat::random_id("cmpl-");
-    let created = chat::unix_now();
     let head = move |choices: Value| {
         json!({"id": id, "object": "text_completion", "created": created,
                "model": model_id, "system_fingerprint": null, "choices": choices})
     };
-    let scored = plan.logprobs.is_some();
-    if !plan.stream {
-        let Collected {
-            text,
-            done,
-            logprobs,
-        } = chat::collect(generation, run, &state).await?;
-        let text = if echo {
-            format!("{prompt}{text}")
-        } else {
-            text
-        };
-        let mut body = head(json!([choice(
-            &text,
-            Some(chat::finish_reason(done.finish_reason)),
-            scored.then(|| legacy_logprobs(&logprobs, 0)),
-        )]));
-        body["usage"] = chat::usage(&done);
-        return Ok(Json(body).into_response());
-    }
     let include_usage = plan.include_usage;
     let first = echo.then(|| head(json!([choice(&prompt, None, None)])));
     let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
