@@ -142,6 +142,22 @@ def test_embeddings_base64_and_float_agree(client, served):
     assert max(abs(x - y) for x, y in zip(single.data[0].embedding, vectors[0])) < 1e-4
 
 
+# "hello world, Starling" as OpenAI's cl100k_base token ids (tiktoken's encoding; what
+# LangChain's OpenAIEmbeddings sends by default). tiktoken itself fetches its vocabulary
+# from the internet, which CI cannot reach, so the ids are written out here.
+HELLO_IDS = [15339, 1917, 11, 7834, 2785]
+
+
+def test_embeddings_of_token_ids_equal_those_of_their_text(client, served):
+    text = client.embeddings.create(model=served["embedding"], input="hello world, Starling", encoding_format="float")
+    for ids in (HELLO_IDS, [HELLO_IDS, HELLO_IDS]):
+        r = client.embeddings.create(model=served["embedding"], input=ids, encoding_format="float")
+        for d in r.data:
+            assert max(abs(x - y) for x, y in zip(d.embedding, text.data[0].embedding)) < 1e-5
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=served["embedding"], input=[100_256])
+
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {

@@ -30,7 +30,14 @@ enum Encoding {
     Base64,
 }
 
-/// The texts of `input`: a string or an array of strings.
+/// The texts of `input`: a string, an array of strings, or token ids (an array of ids, or
+/// an array of such arrays), which are read as OpenAI's `cl100k_base` tokens.
+///
+/// Clients built for OpenAI's embedding models count and cut texts with that vocabulary
+/// and send the ids (LangChain's `OpenAIEmbeddings` does by default); ids of the served
+/// model's own vocabulary would mean nothing to them. The ids are decoded back to text,
+/// which the served model then tokenises its own way (a character cut between two id
+/// lists is replaced by U+FFFD).
 pub(crate) fn texts(input: Value, max: usize) -> Result<Vec<String>, ApiError> {
     let bad = |m: String| ApiError::invalid_param("input", m);
     let texts = match input {
@@ -38,6 +45,9 @@ pub(crate) fn texts(input: Value, max: usize) -> Result<Vec<String>, ApiError> {
         Value::Array(items) => {
             if items.is_empty() {
                 return Err(bad("input must not be an empty array".into()));
+            }
+            if items.iter().all(Value::is_number) {
+                return Ok(vec![decode_ids(&items, "input")?]);
             }
             if items.len() > max {
                 return Err(bad(format!(
@@ -49,20 +59,53 @@ pub(crate) fn texts(input: Value, max: usize) -> Result<Vec<String>, ApiError> {
                 .enumerate()
                 .map(|(i, v)| match v {
                     Value::String(s) => Ok(s),
-                    Value::Number(_) | Value::Array(_) => Err(ApiError::invalid_param(
-                        format!("input[{i}]"),
-                        "token-id input is not supported; send text",
-                    )),
+                    Value::Array(ids) if !ids.is_empty() && ids.iter().all(Value::is_number) => {
+                        decode_ids(&ids, &format!("input[{i}]"))
+                    }
                     _ => Err(ApiError::invalid_param(
                         format!("input[{i}]"),
-                        "inputs must be strings",
+                        "inputs must be strings or non-empty arrays of token ids",
                     )),
                 })
                 .collect::<Result<_, _>>()?
         }
-        _ => return Err(bad("input must be a string or an array of strings".into())),
+        _ => {
+            return Err(bad(
+                "input must be a string, an array of strings or token ids".into(),
+            ))
+        }
     };
     Ok(texts)
+}
+
+/// Whether `id` is a token of `cl100k_base`: the 100,256 ordinary tokens and its five
+/// special ones (the ids between them are unassigned).
+fn is_cl100k_token(id: u64) -> bool {
+    id <= 100_255 || (100_257..=100_260).contains(&id) || id == 100_276
+}
+
+/// The text of a list of `cl100k_base` token ids.
+fn decode_ids(ids: &[Value], param: &str) -> Result<String, ApiError> {
+    let mut ranks = Vec::with_capacity(ids.len());
+    for (j, v) in ids.iter().enumerate() {
+        match v.as_u64().filter(|&id| is_cl100k_token(id)) {
+            Some(id) => ranks.push(id as u32),
+            None => {
+                return Err(ApiError::invalid_param(
+                    format!("{param}[{j}]"),
+                    format!(
+                        "{v} is not a token id of cl100k_base (token ids are read as OpenAI's \
+                         cl100k_base tokens; send text to use the served model's own tokenizer)"
+                    ),
+                ))
+            }
+        }
+    }
+    let bytes: Vec<u8> = tiktoken_rs::cl100k_base_singleton()
+        ._decode_native_and_split(ranks)
+        .flatten()
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The first `keep` components of the unit vector `v`, renormalised to unit length (as
@@ -153,10 +196,34 @@ mod tests {
         assert_eq!(texts(json!(["a", "b"]), 4).expect("array"), vec!["a", "b"]);
         assert!(texts(json!([]), 4).is_err());
         assert!(texts(json!(vec!["a"; 5]), 4).is_err());
-        assert!(texts(json!([1, 2]), 4).is_err());
-        assert!(texts(json!([[1, 2]]), 4).is_err());
+        assert!(texts(json!([1.5, 2]), 4).is_err());
+        assert!(texts(json!([[]]), 4).is_err());
+        assert!(texts(json!([100_256]), 4).is_err(), "unassigned id");
+        assert!(texts(json!([-1]), 4).is_err());
         assert!(texts(json!({"a": 1}), 4).is_err());
         assert!(texts(Value::Null, 4).is_err());
+    }
+
+    #[test]
+    fn cl100k_token_ids_are_read_back_as_text() {
+        let bpe = tiktoken_rs::cl100k_base_singleton();
+        let text = "Starling nodes share memories — über alles, 42 times.";
+        let ids: Vec<u32> = bpe.encode_with_special_tokens(text);
+        assert_eq!(texts(json!(ids), 4).expect("one list"), vec![text]);
+        let both = texts(json!([ids.clone(), bpe.encode_ordinary("a cat")]), 4).expect("lists");
+        assert_eq!(both, vec![text.to_owned(), "a cat".to_owned()]);
+        // A character cut between two lists becomes U+FFFD, not an error.
+        let umlaut = bpe.encode_ordinary("ü");
+        if umlaut.len() > 1 {
+            assert!(texts(json!([umlaut[..1].to_vec()]), 4).expect("cut")[0].contains('\u{fffd}'));
+        }
+        // Every id the check lets through decodes (no panic in the decoder).
+        let all: Vec<u32> = (0..=100_300u64)
+            .filter(|&i| is_cl100k_token(i))
+            .map(|i| i as u32)
+            .collect();
+        assert_eq!(all.len(), 100_256 + 5);
+        assert_eq!(bpe._decode_native_and_split(all).count(), 100_261);
     }
 
     #[test]
