@@ -112,7 +112,7 @@ def test_json_schema_response_format_is_obeyed(client, served):
 
 def test_invalid_requests_raise_bad_request(client, served):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=served["chat"], messages=CAPITAL, n=2)
+        client.chat.completions.create(model=served["chat"], messages=CAPITAL, n=9)
     assert e.value.param == "n"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=3)
@@ -328,3 +328,22 @@ def test_n_answers_are_separate_generations(client, served):
     assert [c.index for c in legacy.choices] == [0, 1]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=served["chat"], messages=CAPITAL, n=2, stream=True)
+
+
+def test_metrics_count_what_was_served(client, served):
+    import urllib.request
+
+    def counters():
+        with urllib.request.urlopen(BASE.removesuffix("/v1") + "/metrics", timeout=10) as r:
+            assert r.headers["content-type"].startswith("text/plain")
+            lines = r.read().decode().splitlines()
+        return {l.split()[0]: float(l.split()[1]) for l in lines if l and not l.startswith("#")}
+
+    before = counters()
+    r = client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=0, max_tokens=5)
+    client.embeddings.create(model=served["embedding"], input=["a", "b"])
+    after = counters()
+    assert after["starling_chat_completions_total"] == before["starling_chat_completions_total"] + 1
+    assert after["starling_tokens_generated_total"] - before["starling_tokens_generated_total"] == r.usage.completion_tokens
+    assert after["starling_embedded_texts_total"] == before["starling_embedded_texts_total"] + 2
+    assert after["starling_http_server_errors_total"] == 0

@@ -92,13 +92,15 @@ pub enum ServeError {
     },
 }
 
-/// The API's routes and middleware over `state`, with the OpenAI part of the OpenAPI
-/// document at `/openapi.json`.
+/// The API's routes and middleware over `state` (`starling serve`), with the OpenAI and
+/// Ollama part of the OpenAPI document at `/openapi.json` and the API's counters at
+/// `/metrics`.
 pub fn router(state: AppState) -> Router {
-    router_with(
-        state,
-        Router::new().route("/openapi.json", get(openapi::openai_part)),
-    )
+    let extra = Router::new()
+        .route("/openapi.json", get(openapi::openai_part))
+        .route("/metrics", get(models::metrics))
+        .with_state(state.clone());
+    router_with(state, extra)
 }
 
 /// The OpenAI-compatible routes plus `extra` (e.g. the node API of a running node), all

@@ -474,8 +474,7 @@ async fn human_answer(
 }
 
 /// `GET /metrics`: Prometheus text format.
-async fn metrics(State(s): State<NodeApi>) -> impl IntoResponse {
-    use std::fmt::Write;
+async fn metrics(State(s): State<NodeApi>) -> super::models::Exposition {
     let n = &s.node;
     let api = n.app.metrics();
     let (agent_prompt, agent_completion, agent_calls) = n.agent.llm().counters().snapshot();
@@ -487,12 +486,9 @@ async fn metrics(State(s): State<NodeApi>) -> impl IntoResponse {
     let net = n.swarm.metrics();
     let (sent, received) = n.agent.message_counts();
     let generated = api.completion_tokens + agent_completion;
-    let mut out = String::new();
+    let mut out = super::models::Exposition::default();
     let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
+        out.metric(name, kind, help, value);
     };
     metric(
         "starling_tokens_generated_total",
@@ -576,13 +572,7 @@ async fn metrics(State(s): State<NodeApi>) -> impl IntoResponse {
         "HTTP 5xx answers.",
         api.server_errors as f64,
     );
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        out,
-    )
+    out
 }
 
 /// The active chat model.
