@@ -433,16 +433,8 @@ fn tool_call_id() -> String {
 }
 
 /// The answer of a model that was only asked to load (empty messages or prompt).
-fn loaded(model: &str, chat_shape: bool) -> Response {
-    let mut m = head(model);
-    if chat_shape {
-        m.insert(
-            "message".into(),
-            json!({"role": "assistant", "content": ""}),
-        );
-    } else {
-        m.insert("response".into(), json!(""));
-    }
+fn loaded(model: &str, shape: Shape) -> Response {
+    let mut m = shape.line(model, "", None);
     m.insert("done_reason".into(), json!("load"));
     m.insert("done".into(), json!(true));
     Json(Value::Object(m)).into_response()
@@ -600,7 +592,7 @@ pub(crate) async fn chat(
     let messages = b.messages.unwrap_or_default();
     if messages.is_empty() {
         let engine = state.chat_engine(Some(&b.model))?;
-        return Ok(loaded(&engine.info().id, true));
+        return Ok(loaded(&engine.info().id, Shape::Chat));
     }
     let mut req = Map::new();
     req.insert("model".into(), json!(b.model));
@@ -651,7 +643,7 @@ pub(crate) async fn generate(
     let prompt = b.prompt.unwrap_or_default();
     if prompt.is_empty() {
         let engine = state.chat_engine(Some(&b.model))?;
-        return Ok(loaded(&engine.info().id, false));
+        return Ok(loaded(&engine.info().id, Shape::Generate));
     }
     let raw = b.raw.unwrap_or(false);
     let mut messages = Vec::new();
