@@ -825,3 +825,67 @@ async fn tool_calls_parse_and_validate_whole_and_streamed() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn ollama_chat_streams_ndjson_that_adds_up_to_the_whole_answer() {
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    let req = json!({
+        "model": "tiny:latest",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "options": {"temperature": 0, "num_predict": 12, "seed": 1},
+        "stream": false,
+    });
+    let (status, whole) = post(&server, "/api/chat", &req).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    assert_eq!(whole["done"], true);
+    assert_eq!(whole["message"]["role"], "assistant");
+    let eval_count = whole["eval_count"].as_u64().expect("eval_count");
+    assert!(eval_count > 0 && eval_count <= 12);
+    assert!(whole["prompt_eval_count"].as_u64().expect("prompt count") > 0);
+
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    let resp = client()
+        .post(server.url("/api/chat"))
+        .json(&streamed)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        resp.headers()["content-type"].to_str().expect("ascii"),
+        "application/x-ndjson"
+    );
+    let body = resp.text().await.expect("body");
+    let lines: Vec<Value> = body
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    let (last, pieces) = lines.split_last().expect("lines");
+    assert!(pieces.iter().all(|l| l["done"] == false));
+    assert_eq!(last["done"], true);
+    assert_eq!(last["eval_count"].as_u64(), Some(eval_count));
+    let text: String = lines
+        .iter()
+        .filter_map(|l| l["message"]["content"].as_str())
+        .collect();
+    assert_eq!(text, whole["message"]["content"].as_str().expect("content"));
+
+    // Ollama's error shape: a plain string, with the status.
+    let mut unknown = req.clone();
+    unknown["model"] = json!("no-such-model");
+    let (status, err) = post(&server, "/api/chat", &unknown).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(err["error"]
+        .as_str()
+        .expect("string")
+        .contains("no-such-model"));
+    let (status, tags) = get_json(&server, "/api/tags").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(tags["models"][0]["name"], "tiny:latest");
+}
+
+async fn get_json(server: &Server, path: &str) -> (StatusCode, Value) {
+    let resp = client().get(server.url(path)).send().await.expect("send");
+    let status = resp.status();
+    (status, resp.json().await.expect("JSON body"))
+}
