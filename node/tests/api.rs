@@ -301,7 +301,7 @@ async fn invalid_requests_get_openai_errors_with_the_right_status() {
         (json!({"messages": []}), 400, Some("messages")),
         (json!({"messages": "hi"}), 400, Some("messages")),
         (
-            json!({"messages": [{"role": "user", "content": "hi"}], "n": 3}),
+            json!({"messages": [{"role": "user", "content": "hi"}], "n": 9}),
             400,
             Some("n"),
         ),
