@@ -1129,7 +1129,7 @@ pub(crate) fn random_id(prefix: &str) -> String {
     format!("{prefix}{suffix}")
 }
 
-fn call_id() -> String {
+pub(crate) fn call_id() -> String {
     random_id("call_")
 }
 

@@ -8,6 +8,8 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, Documented};
+use starling_models::embed::EmbedHandle;
+
 use super::state::{AppState, Metrics};
 
 /// The request body.
@@ -122,24 +124,15 @@ pub(crate) fn shorten(mut v: Vec<f32>, keep: usize) -> Vec<f32> {
     v
 }
 
-/// The handler.
-pub(crate) async fn embeddings(
-    State(state): State<AppState>,
-    ApiJson(body): ApiJson<EmbeddingsRequest>,
-) -> Result<Json<Value>, ApiError> {
-    let encoding = match body.encoding_format.as_deref() {
-        None | Some("float") => Encoding::Float,
-        Some("base64") => Encoding::Base64,
-        Some(other) => {
-            return Err(ApiError::invalid_param(
-                "encoding_format",
-                format!("unknown encoding_format `{other}` (expected float or base64)"),
-            ))
-        }
-    };
-    let texts = texts(body.input, state.config().max_embedding_inputs)?;
-    let handle = state.embed_handle(body.model.as_deref().filter(|m| !m.is_empty()))?;
-    let keep = match body.dimensions {
+/// The vectors of `texts`, each cut to `dimensions` components when asked (checked against
+/// the model before any work), admitted and counted like every embedding request.
+pub(crate) async fn embed_counted(
+    state: &AppState,
+    handle: &EmbedHandle,
+    texts: Vec<String>,
+    dimensions: Option<u64>,
+) -> Result<Vec<Vec<f32>>, ApiError> {
+    let keep = match dimensions {
         None => handle.dim(),
         Some(d) if d >= 1 && d <= handle.dim() as u64 => d as usize,
         Some(d) => {
@@ -163,6 +156,27 @@ pub(crate) async fn embeddings(
     let m = state.counters();
     Metrics::add(&m.embedding_requests, 1);
     Metrics::add(&m.embedded_texts, count);
+    Ok(vectors)
+}
+
+/// The handler.
+pub(crate) async fn embeddings(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<EmbeddingsRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let encoding = match body.encoding_format.as_deref() {
+        None | Some("float") => Encoding::Float,
+        Some("base64") => Encoding::Base64,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "encoding_format",
+                format!("unknown encoding_format `{other}` (expected float or base64)"),
+            ))
+        }
+    };
+    let texts = texts(body.input, state.config().max_embedding_inputs)?;
+    let handle = state.embed_handle(body.model.as_deref().filter(|m| !m.is_empty()))?;
+    let vectors = embed_counted(&state, &handle, texts, body.dimensions).await?;
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()

@@ -24,13 +24,13 @@ use axum::Json;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use starling_models::engine::{Completion, FinishReason, TokenLogprob, TokenProb};
+use starling_models::engine::{Completion, TokenLogprob, TokenProb};
 use starling_models::ModelError;
 
 use super::chat::{self, ChatCompletionRequest, ChatPlan, Started};
 use super::error::ApiError;
 use super::extract::{ApiJson, Documented};
-use super::state::{AppState, Metrics};
+use super::state::AppState;
 use super::tools;
 
 /// An error answered as Ollama does: `{"error": "message"}` with the same status (and
@@ -395,7 +395,10 @@ fn head(model: &str) -> Map<String, Value> {
 /// The counts and durations (nanoseconds) of the last line.
 fn totals(m: &mut Map<String, Value>, done: &Completion, began: Instant) {
     let ns = |ms: f64| (ms * 1e6).round() as u64;
-    m.insert("done_reason".into(), json!(done_reason(done.finish_reason)));
+    m.insert(
+        "done_reason".into(),
+        json!(chat::finish_reason(done.finish_reason)),
+    );
     m.insert("done".into(), json!(true));
     m.insert(
         "total_duration".into(),
@@ -406,13 +409,6 @@ fn totals(m: &mut Map<String, Value>, done: &Completion, began: Instant) {
     m.insert("prompt_eval_duration".into(), json!(ns(done.prompt_ms)));
     m.insert("eval_count".into(), json!(done.completion_tokens));
     m.insert("eval_duration".into(), json!(ns(done.generation_ms)));
-}
-
-fn done_reason(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
 }
 
 /// Ollama's tool calls: `{"function": {"name", "arguments": {...}}}` with the arguments
@@ -426,10 +422,6 @@ fn ollama_calls(calls: &[tools::ToolCall]) -> Value {
             json!({"id": c.id, "function": {"index": i, "name": c.name, "arguments": arguments}})
         })
         .collect()
-}
-
-fn tool_call_id() -> String {
-    format!("call_{:016x}", rand::random::<u64>())
 }
 
 /// The answer of a model that was only asked to load (empty messages or prompt).
@@ -494,7 +486,7 @@ async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Res
             logprobs,
         } = chat::collect(generation, run, &state).await?;
         let calls = with_tools
-            .then(|| tools::read_calls(&text, tool_call_id))
+            .then(|| tools::read_calls(&text, chat::call_id))
             .flatten();
         let mut m = match &calls {
             Some(calls) => shape.line(&model_id, "", Some(ollama_calls(calls))),
@@ -564,7 +556,7 @@ fn stream_lines(
             }
             chat::Piece::Done(done) => {
                 let mut last = match held.take() {
-                    Some(h) => match tools::read_calls(&h, tool_call_id) {
+                    Some(h) => match tools::read_calls(&h, chat::call_id) {
                         Some(calls) => shape.line(&model, "", Some(ollama_calls(&calls))),
                         None => shape.line(&model, &h, None),
                     },
@@ -669,11 +661,13 @@ pub(crate) async fn generate(
     answer(state, plan, Shape::Generate).await
 }
 
-/// The vectors of `texts` on the embedding model named `model`, and its id.
+/// The vectors of `texts` on the embedding model named `model` (cut to `dimensions` when
+/// asked), and its id. Only Ollama's runner options may come with them.
 async fn embed_texts(
     state: &AppState,
     model: &str,
     texts: Vec<String>,
+    dimensions: Option<u64>,
     options: Option<&Map<String, Value>>,
 ) -> Result<(String, Vec<Vec<f32>>)> {
     for key in options.into_iter().flat_map(|o| o.keys()) {
@@ -685,12 +679,7 @@ async fn embed_texts(
         }
     }
     let handle = state.embed_handle(Some(model))?;
-    let _permit = state.admit()?;
-    let count = texts.len() as u64;
-    let vectors = handle.embed(texts).await.map_err(ApiError::from)?;
-    let m = state.counters();
-    Metrics::add(&m.embedding_requests, 1);
-    Metrics::add(&m.embedded_texts, count);
+    let vectors = super::embeddings::embed_counted(state, &handle, texts, dimensions).await?;
     Ok((handle.model_id().to_owned(), vectors))
 }
 
@@ -709,22 +698,8 @@ pub(crate) async fn embed(
         ));
     }
     let texts = super::embeddings::texts(b.input, state.config().max_embedding_inputs)?;
-    let (model, vectors) = embed_texts(&state, &b.model, texts, b.options.as_ref()).await?;
-    let dim = vectors.first().map_or(0, Vec::len);
-    let keep = match b.dimensions {
-        None => dim,
-        Some(d) if d >= 1 && d as usize <= dim => d as usize,
-        Some(d) => {
-            return Err(refuse(
-                "dimensions",
-                &format!("dimensions must be between 1 and this model's {dim} (got {d})"),
-            ))
-        }
-    };
-    let vectors: Vec<Vec<f32>> = vectors
-        .into_iter()
-        .map(|v| super::embeddings::shorten(v, keep))
-        .collect();
+    let (model, vectors) =
+        embed_texts(&state, &b.model, texts, b.dimensions, b.options.as_ref()).await?;
     Ok(Json(json!({
         "model": model,
         "embeddings": vectors,
@@ -746,7 +721,7 @@ pub(crate) async fn embeddings(
         return Ok(Json(json!({"embedding": []})).into_response());
     }
     let (_, mut vectors) =
-        embed_texts(&state, &b.model, vec![b.prompt], b.options.as_ref()).await?;
+        embed_texts(&state, &b.model, vec![b.prompt], None, b.options.as_ref()).await?;
     Ok(Json(json!({"embedding": vectors.pop().unwrap_or_default()})).into_response())
 }
 
