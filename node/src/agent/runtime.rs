@@ -419,6 +419,9 @@ impl Agent {
             messages_received: Default::default(),
             cancel,
         }));
+        // Subscribe before loading: a card that arrives while the stored ones load (a
+        // sync on connect does that at start) is then seen by `follow_swarm`, not lost.
+        let swarm_events = swarm.events();
         // Every card we already have (persisted by the record store), then our own.
         for r in swarm
             .records(CARD_KIND)
@@ -440,7 +443,7 @@ impl Agent {
             let a = a.clone();
             async move { a.handle_rpc(req).await }
         });
-        tokio::spawn(agent.clone().follow_swarm());
+        tokio::spawn(agent.clone().follow_swarm(swarm_events));
         if let Some(book) = &opts.memory {
             agent.announce_memories(book);
         }
@@ -566,8 +569,7 @@ impl Agent {
         }
     }
 
-    async fn follow_swarm(self) {
-        let mut rx = self.0.swarm.events();
+    async fn follow_swarm(self, mut rx: broadcast::Receiver<SwarmEvent>) {
         loop {
             let ev = tokio::select! {
                 biased;
