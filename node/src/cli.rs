@@ -123,6 +123,14 @@ pub enum Command {
     ///   starling memory forget --author NODE_ID
     #[command(subcommand, verbatim_doc_comment)]
     Memory(commands::memory::MemoryCommand),
+    /// Serve the running node to MCP clients on stdin/stdout (tools: ask_swarm,
+    /// search_agents, search_memories). Start it from the client's MCP configuration.
+    ///
+    /// Examples:
+    ///   starling mcp
+    ///   starling mcp --api 127.0.0.1:7432 --task-timeout 300
+    #[command(verbatim_doc_comment)]
+    Mcp(commands::mcp::McpArgs),
 }
 
 /// `starling models ...`
@@ -214,5 +222,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(a) => commands::demo::run(&home, a),
         Command::Reply(a) => commands::task::reply(a),
         Command::Memory(c) => commands::memory::run(c),
+        Command::Mcp(a) => commands::mcp::run(a),
     }
 }

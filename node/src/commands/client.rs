@@ -58,6 +58,33 @@ impl NodeAddr {
         Self::parse(resp).await
     }
 
+    /// `GET path?query`, parsed as `T` (the query form-encoded from `query`).
+    pub async fn get_query<Q: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &Q,
+    ) -> anyhow::Result<T> {
+        let resp = self
+            .client()?
+            .get(self.url(path))
+            .query(query)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Self::parse(resp).await
+    }
+
+    /// `DELETE path`, parsed as `T`.
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let resp = self
+            .client()?
+            .delete(self.url(path))
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        Self::parse(resp).await
+    }
+
     /// `POST path` with a JSON body, parsed as `T`.
     pub async fn post<B: Serialize, T: DeserializeOwned>(
         &self,

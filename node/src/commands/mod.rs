@@ -10,6 +10,7 @@ pub mod eval_format;
 pub mod eval_memory;
 pub mod eval_swarm_qa;
 pub mod generate;
+pub mod mcp;
 pub mod memory;
 pub mod models;
 pub mod peers;

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Runs the official MCP Python SDK (`mcp`, pinned below) against `starling mcp`: two nodes
+# (`starling up`, loopback only, no mDNS), a botanist with the documents of configs/docs/basil
+# and a coordinator with none, and the MCP client launching `starling mcp --api COORDINATOR`
+# over stdio, as a desktop assistant or IDE would. Models: the registry defaults from the model cache (fetched on first use).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+target=${CARGO_TARGET_DIR:-$root/target}
+venv=$target/pyenv-mcp
+
+packages=(mcp==2.3.0 pytest==9.2.0)
+if [ "$("$venv/bin/pip" freeze 2>/dev/null | grep -c -x -F -f <(printf '%s\n' "${packages[@]}"))" != "${#packages[@]}" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "${packages[@]}"
+fi
+
+cargo build --quiet -p starling-node --bin starling
+bin=$target/debug/starling
+
+free_port() {
+    "$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+work=$(mktemp -d)
+echo "work dir: $work" >&2
+pids=()
+cleanup() {
+    # SIGTERM is a graceful stop; give each node 10 s, then force it.
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        for _ in $(seq 1 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -9 "$pid" 2>/dev/null || true
+    done
+    [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+# start_node NAME QUIC_PORT API_PORT DESCRIPTION SKILLS DOCS [up args...]
+start_node() {
+    local name=$1 quic=$2 api=$3 description=$4 skills=$5 docs_line=""
+    [ -n "$6" ] && docs_line="docs = \"$6\""
+    shift 6
+    cat >"$work/$name.toml" <<TOML
+[node]
+name = "$name"
+data_dir = "$work/$name"
+
+[network]
+listen = "127.0.0.1:$quic"
+mdns = false
+
+[api]
+listen = "127.0.0.1:$api"
+
+[agent]
+description = "$description"
+skills = $skills
+$docs_line
+TOML
+    "$bin" up --config "$work/$name.toml" "$@" >"$work/$name.log" 2>&1 &
+    pids+=($!)
+}
+
+# wait_for NAME URL: until URL answers 200 with a non-empty JSON list (or object).
+wait_for() {
+    local name=$1 url=$2
+    for _ in $(seq 1 600); do
+        if "$venv/bin/python" - "$url" 2>/dev/null <<'PY'
+import json, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=2) as r:
+    sys.exit(0 if json.load(r) else 1)
+PY
+        then
+            return 0
+        fi
+        sleep 0.5
+    done
+    echo "$name was not ready within 5 minutes ($url):" >&2
+    cat "$work/$name.log" >&2
+    return 1
+}
+
+# basil holds the documents; ada, which the MCP client talks to, holds none and must
+# recruit basil through the swarm.
+basil_quic=$(free_port)
+basil_api=$(free_port)
+start_node basil "$basil_quic" "$basil_api" \
+    "Botanist: plants, seeds, germination and greenhouse growing conditions." \
+    '["botany", "seeds", "greenhouse", "plant care"]' "$root/configs/docs/basil"
+wait_for basil "http://127.0.0.1:$basil_api/api/node"
+secret=$("$bin" invite --api "127.0.0.1:$basil_api" --secret)
+
+ada_quic=$(free_port)
+ada_api=$(free_port)
+start_node ada "$ada_quic" "$ada_api" \
+    "Project coordinator: plans work, splits tasks and writes summaries." \
+    '["planning", "coordination"]' "" \
+    --swarm-secret "$secret" --bootstrap "127.0.0.1:$basil_quic"
+wait_for ada "http://127.0.0.1:$ada_api/api/cards?q=plants"
+
+STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" \
+    timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/mcp" "$@" || {
+    status=$?
+    for n in basil ada; do
+        echo "--- $n log" >&2
+        tail -n 40 "$work/$n.log" >&2
+    done
+    exit $status
+}
