@@ -43,17 +43,7 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        if !is_json(&req) {
-            return Err(ApiError::not_json());
-        }
-        let limit = req.extensions().get::<BodyLimit>().map(|l| l.0);
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
-            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(limit)
-            } else {
-                ApiError::invalid(format!("cannot read the request body: {}", r.body_text()))
-            }
-        })?;
+        let bytes = json_body(req, state).await?;
         // `T` is read from the bytes themselves, not from the `Value` below: a `Value` keeps
         // the last of two equal keys, where serde refuses a duplicate field.
         let value: T = parse(&bytes)?;
@@ -63,6 +53,22 @@ where
         check_documented(T::SCHEMA, &json)?;
         Ok(ApiJson(value))
     }
+}
+
+/// The bytes of a body declared as JSON: 415 when it is not declared so (a web page cannot
+/// post it without a CORS preflight), 413 over the size limit.
+pub(crate) async fn json_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    if !is_json(&req) {
+        return Err(ApiError::not_json());
+    }
+    let limit = req.extensions().get::<BodyLimit>().map(|l| l.0);
+    Bytes::from_request(req, state).await.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(limit)
+        } else {
+            ApiError::invalid(format!("cannot read the request body: {}", r.body_text()))
+        }
+    })
 }
 
 /// Checks `body` against `#/components/schemas/{component}` of the OpenAPI document; the

@@ -20,6 +20,7 @@
 //! keys ([`ApiConfig::api_keys`]) every request needs `Authorization: Bearer <key>`; the
 //! API refuses to listen beyond loopback without one ([`check_exposure`]).
 
+pub(crate) mod a2a;
 mod chat;
 mod completions;
 mod embeddings;

@@ -36,6 +36,8 @@ pub struct NodeApi {
     pub node: Node,
     /// The tasks submitted through the API (owned: dropped with the router, they stop).
     pub tasks: Arc<TaskRunner>,
+    /// What A2A remembers of the tasks it started.
+    pub a2a: Arc<super::a2a::A2aTasks>,
 }
 
 impl FromRef<NodeApi> for AppState {
@@ -62,9 +64,12 @@ pub fn router(node: Node) -> Router {
         .route("/api/models/active", get(active_model).put(switch_model))
         .route("/api/human", get(human_pending))
         .route("/api/human/{id}", post(human_answer))
+        .route("/.well-known/agent-card.json", get(super::a2a::card))
+        .route("/a2a", post(super::a2a::rpc))
         .with_state(NodeApi {
             node,
             tasks: Arc::new(TaskRunner::default()),
+            a2a: Arc::default(),
         })
 }
 

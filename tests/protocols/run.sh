@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Runs the official MCP Python SDK (`mcp`, pinned below) against `starling mcp`: two nodes
-# (`starling up`, loopback only, no mDNS), a botanist with the documents of configs/docs/basil
-# and a coordinator with none, and the MCP client launching `starling mcp --api COORDINATOR`
-# over stdio, as a desktop assistant or IDE would. Models: the registry defaults from the model cache (fetched on first use).
+# Other agents' protocols against real nodes, with their official Python SDKs (pinned
+# below): two nodes (`starling up`, loopback only, no mDNS), a botanist with the documents
+# of configs/docs/basil and a coordinator with none. The MCP client launches
+# `starling mcp --api COORDINATOR` over stdio, as a desktop assistant or IDE would
+# (test_mcp_client.py); the A2A client resolves the coordinator's agent card and speaks
+# JSON-RPC to it (test_a2a_client.py). Models: the registry defaults from the model cache
+# (fetched on first use).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 target=${CARGO_TARGET_DIR:-$root/target}
-venv=$target/pyenv-mcp
+venv=$target/pyenv-protocols
 
-packages=(mcp==2.3.0 pytest==9.2.0)
+packages=(mcp==2.3.0 a2a-sdk==1.3.0 pytest==9.2.0)
 if [ "$("$venv/bin/pip" freeze 2>/dev/null | grep -c -x -F -f <(printf '%s\n' "${packages[@]}"))" != "${#packages[@]}" ]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check "${packages[@]}"
@@ -105,7 +108,7 @@ start_node ada "$ada_quic" "$ada_api" \
 wait_for ada "http://127.0.0.1:$ada_api/api/cards?q=plants"
 
 STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" \
-    timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/mcp" "$@" || {
+    timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/protocols" "$@" || {
     status=$?
     for n in basil ada; do
         echo "--- $n log" >&2

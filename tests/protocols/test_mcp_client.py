@@ -1,4 +1,4 @@
-"""The official MCP Python SDK against `starling mcp` (run by tests/mcp/run.sh).
+"""The official MCP Python SDK against `starling mcp` (run by tests/protocols/run.sh).
 
 The client launches `starling mcp --api ADDR` over stdio, as a desktop assistant would,
 and the tools forward to a coordinator node (ada) that holds no documents. Its one peer,
