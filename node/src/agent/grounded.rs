@@ -1090,9 +1090,17 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let mut hit = 0.0;
     let mut context_hit = 0.0;
     // `what time`, `which day`: a unit stating a value of that kind names it.
+    // `How long` asks for a duration or a length, words the evidence rarely uses: a unit
+    // stating such a quantity (`soak them for 8 hours`) names it.
+    let states_extent = || {
+        quantity_re()
+            .find_iter(&unit.text)
+            .any(|q| matches!(dimension(q.as_str()), Some("time" | "length")))
+    };
     let kind_word = |t: &str| match sub.slot {
         Slot::Time => t == "tim" && time_re().is_match(&unit.text),
         Slot::Date => ["date", "day"].contains(&t) && date_re().is_match(&unit.text),
+        Slot::Quantity => ["long", "length", "duration"].contains(&t) && states_extent(),
         _ => false,
     };
     for t in &sub.terms {
@@ -3997,6 +4005,33 @@ mod tests {
             };
             assert!(follow[0].1.contains("M-0417"), "{follow:?}");
         }
+    }
+
+    #[test]
+    fn how_long_is_answered_by_a_stated_duration() {
+        let units = document_units(
+            "moonflower.md",
+            "# Moonflower seeds\n\nMoonflower seeds germinate best at 24 degrees Celsius. \
+             Below 18 degrees they stay dormant.\n\nSoak the seeds in water for 8 hours \
+             before planting them 1 cm deep.\n",
+        );
+        let subs = decompose(
+            "At what temperature do moonflower seeds germinate best, and how long should they soak?",
+        );
+        assert_eq!(subs.len(), 2, "{subs:?}");
+        let soak = &subs[1];
+        let best = &locate(soak, &units, 3)[0];
+        assert!(best.unit.text.starts_with("Soak the seeds"), "{best:?}");
+        assert_eq!(best.span.as_deref(), Some("8 hours"));
+        // The words `long`, `length`, `duration` are in no unit: without the stated
+        // duration counting for them, the match is a fifth of the clause's weight.
+        assert!(best.score > 0.9, "{best:?}");
+        // A unit without a duration or length gains nothing.
+        let temp = units
+            .iter()
+            .find(|u| u.text.contains("24 degrees"))
+            .expect("unit");
+        assert!(score_unit(soak, temp).unwrap_or(0.0) < 0.1);
     }
 
     #[test]
