@@ -1,0 +1,161 @@
+//! The external-agent protocol of docs/agents.md, end to end: the example adapters in
+//! examples/agents/ (a command and an HTTP service, Python standard library only) called
+//! through `ExternalAgent` as a node calls them, and the JSON Schemas in docs/schemas/
+//! checked against what the node sends and what the adapters answer.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{json, Value};
+use starling_node::agent::tools::{ExternalAgent, ExternalTask, ToolError};
+use starling_node::config::ExternalAgentConfig;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn schema(name: &str) -> jsonschema::Validator {
+    let text = std::fs::read_to_string(root().join("docs/schemas").join(name)).expect("schema");
+    let v: Value = serde_json::from_str(&text).expect("schema is JSON");
+    jsonschema::validator_for(&v).expect("schema compiles")
+}
+
+fn agent(command: Option<Vec<String>>, url: Option<String>) -> ExternalAgent {
+    ExternalAgent::from_config(&ExternalAgentConfig {
+        name: "station_notes".into(),
+        description: "Knows the station's maintenance notes.".into(),
+        command,
+        url,
+        timeout_secs: 30,
+        max_output_bytes: 64 * 1024,
+    })
+    .expect("valid config")
+}
+
+fn python(args: &[&str]) -> Vec<String> {
+    std::iter::once("python3")
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn notes_script() -> String {
+    root()
+        .join("examples/agents/notes_agent.py")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn task(description: &str) -> ExternalTask {
+    ExternalTask {
+        task_id: "g0123".into(),
+        description: description.into(),
+        context: "Goal: keep the station's greenhouse running.".into(),
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn the_task_a_node_sends_fits_the_documented_schema() {
+    let v = schema("external-task.schema.json");
+    let sent = serde_json::to_value(task("When is the next filter change?")).expect("JSON");
+    assert!(v.is_valid(&sent), "{sent}");
+    // The schema is no formality: a task without its description, or with a field the
+    // node never sends, is refused.
+    assert!(!v.is_valid(&json!({"task_id": "g", "context": ""})));
+    assert!(!v.is_valid(&json!({"task_id": "g", "description": "x", "context": "", "x": 1})));
+}
+
+#[test]
+fn the_command_example_answers_from_its_notes_and_fails_honestly() {
+    let a = agent(Some(python(&[&notes_script()])), None);
+    let got = rt()
+        .block_on(a.run(&task(
+            "When is the next air filter change in the north greenhouse?",
+        )))
+        .expect("answer");
+    assert!(got.contains("12 June"), "{got}");
+    let err = rt()
+        .block_on(a.run(&task("zzz qqq")))
+        .expect_err("nothing matches");
+    match err {
+        ToolError::External { reason, .. } => {
+            assert!(reason.contains("no note matches"), "{reason}")
+        }
+        other => panic!("unexpected error: {other}"),
+    }
+}
+
+#[test]
+fn the_examples_answers_fit_the_reply_schema_and_so_do_the_nodes_refusals() {
+    let v = schema("external-reply.schema.json");
+    for description in ["How often is pump P-7 inspected?", "zzz qqq"] {
+        let mut child = Command::new("python3")
+            .arg(notes_script())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        serde_json::to_writer(child.stdin.take().expect("stdin"), &task(description))
+            .expect("write");
+        let out = child.wait_with_output().expect("output");
+        let reply: Value = serde_json::from_slice(&out.stdout).expect("reply is JSON");
+        assert!(v.is_valid(&reply), "{reply}");
+    }
+    // What the node refuses, the schema refuses too: `ok` without a result.
+    let empty = json!({"ok": true});
+    assert!(!v.is_valid(&empty));
+    let a = agent(Some(python(&["-c", "print('{\"ok\": true}')"])), None);
+    let err = rt()
+        .block_on(a.run(&task("anything")))
+        .expect_err("no result");
+    assert!(err.to_string().contains("no `result`"), "{err}");
+}
+
+/// The HTTP example, stopped when dropped.
+struct Service(Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_http_example_answers_a_post_from_the_node() {
+    let script = root().join("examples/agents/http_agent.py");
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .args(["--port", "0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let stdout = child.stdout.take().expect("stdout");
+    let service = Service(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("ready line");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let a = agent(None, Some(format!("{url}/")));
+    let got = rt()
+        .block_on(a.run(&task("How many litres does each nutrient tank hold?")))
+        .expect("answer");
+    assert!(got.contains("220 litres"), "{got}");
+    drop(service);
+}
