@@ -246,6 +246,12 @@ pub struct AgentSection {
     /// External agents this node integrates as tools (`[[agent.external]]`): a command or an
     /// HTTP endpoint that takes a task and returns a result.
     pub external: Vec<ExternalAgentConfig>,
+    /// MCP servers this node starts (`[[agent.mcp]]`, stdio); their tools are offered to
+    /// the executor as `NAME_TOOL`, with the server's own argument schemas.
+    pub mcp: Vec<McpServerConfig>,
+    /// Whether the executor may answer a step without calling a tool. `false` routes every
+    /// task through the tools (for a node that fronts an external agent or MCP server).
+    pub allow_no_tool: bool,
     /// For `kind = "human"`: when the person is asked (`always`: every turn and task;
     /// `conclusion`: only when the chat must conclude; `never`: the model answers for them).
     pub human_input: HumanInput,
@@ -328,6 +334,26 @@ fn default_external_max_output() -> usize {
     64 * 1024
 }
 
+/// `[[agent.mcp]]`: an MCP server the node starts and talks to over stdio.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// Prefix of its tools' names (`NAME_TOOL`): lowercase letters, digits, `_`, `-`.
+    pub name: String,
+    /// Program and arguments, run without a shell. A relative program path containing `/`
+    /// is relative to the config file.
+    pub command: Vec<String>,
+    /// Environment variables set for it, besides the node's own.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Seconds a tool call may take.
+    #[serde(default = "default_external_timeout")]
+    pub timeout_secs: u64,
+    /// Largest tool result accepted, in bytes.
+    #[serde(default = "default_external_max_output")]
+    pub max_output_bytes: usize,
+}
+
 impl Default for AgentSection {
     fn default() -> Self {
         Self {
@@ -341,6 +367,8 @@ impl Default for AgentSection {
             max_depth: 2,
             turn_timeout_secs: 120,
             external: Vec::new(),
+            mcp: Vec::new(),
+            allow_no_tool: true,
             human_input: HumanInput::Always,
             human_timeout_secs: 300,
             human_fallback: HumanFallback::Model,
@@ -397,12 +425,21 @@ impl NodeConfig {
                 *p = base.join(&*p);
             }
         }
-        for ext in &mut self.agent.external {
-            if let Some(program) = ext.command.as_mut().and_then(|c| c.first_mut()) {
-                let path = Path::new(program.as_str());
-                if path.is_relative() && program.contains('/') {
-                    *program = base.join(path).to_string_lossy().into_owned();
-                }
+        let programs = self
+            .agent
+            .external
+            .iter_mut()
+            .filter_map(|e| e.command.as_mut().and_then(|c| c.first_mut()))
+            .chain(
+                self.agent
+                    .mcp
+                    .iter_mut()
+                    .filter_map(|m| m.command.first_mut()),
+            );
+        for program in programs {
+            let path = Path::new(program.as_str());
+            if path.is_relative() && program.contains('/') {
+                *program = base.join(path).to_string_lossy().into_owned();
             }
         }
     }
@@ -511,6 +548,15 @@ impl NodeConfig {
                 );
             }
         }
+        let mut servers = std::collections::HashSet::new();
+        for m in &self.agent.mcp {
+            if let Err(problem) = m.check() {
+                return invalid("agent.mcp", &problem);
+            }
+            if !servers.insert(m.name.as_str()) {
+                return invalid("agent.mcp", &format!("names `{}` more than once", m.name));
+            }
+        }
         Ok(())
     }
 
@@ -553,20 +599,55 @@ pub const KNOWN_TOOLS: &[&str] = &["search_docs", "calculator"];
 /// Names no external agent may take: the built-in tools and the executor's `answer`.
 const RESERVED_TOOL_NAMES: &[&str] = &["search_docs", "calculator", "answer"];
 
+/// Whether `name` can name a tool or a tool prefix: 1 to 32 lowercase letters, digits, `_`
+/// or `-`.
+fn check_tool_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= 32
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "entry `{name}`: name must be 1 to 32 lowercase letters, digits, `_` or `-`"
+        ))
+    }
+}
+
+/// Checks the limits an external agent and an MCP server share.
+fn check_limits(name: &str, timeout_secs: u64, max_output_bytes: usize) -> Result<(), String> {
+    if !(1..=3600).contains(&timeout_secs) {
+        return Err(format!(
+            "entry `{name}`: `timeout_secs` must be between 1 and 3600"
+        ));
+    }
+    if !(1..=16 << 20).contains(&max_output_bytes) {
+        return Err(format!(
+            "entry `{name}`: `max_output_bytes` must be between 1 and 16 MiB"
+        ));
+    }
+    Ok(())
+}
+
+impl McpServerConfig {
+    /// Checks one entry; the message names the entry and what is wrong.
+    fn check(&self) -> Result<(), String> {
+        let name = &self.name;
+        check_tool_name(name)?;
+        if self.command.first().is_none_or(|p| p.trim().is_empty()) {
+            return Err(format!("entry `{name}`: `command` needs a program"));
+        }
+        check_limits(name, self.timeout_secs, self.max_output_bytes)
+    }
+}
+
 impl ExternalAgentConfig {
     /// Checks one entry; the message names the entry and what is wrong.
     fn check(&self) -> Result<(), String> {
         let name = &self.name;
-        let valid_name = !name.is_empty()
-            && name.len() <= 32
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if !valid_name {
-            return Err(format!(
-                "entry `{name}`: name must be 1 to 32 lowercase letters, digits, `_` or `-`"
-            ));
-        }
+        check_tool_name(name)?;
         if RESERVED_TOOL_NAMES.contains(&name.as_str()) {
             return Err(format!(
                 "entry `{name}`: name is reserved for a built-in tool"
@@ -594,17 +675,7 @@ impl ExternalAgentConfig {
                 }
             }
         }
-        if !(1..=3600).contains(&self.timeout_secs) {
-            return Err(format!(
-                "entry `{name}`: `timeout_secs` must be between 1 and 3600"
-            ));
-        }
-        if !(1..=16 << 20).contains(&self.max_output_bytes) {
-            return Err(format!(
-                "entry `{name}`: `max_output_bytes` must be between 1 and 16 MiB"
-            ));
-        }
-        Ok(())
+        check_limits(name, self.timeout_secs, self.max_output_bytes)
     }
 }
 
@@ -677,6 +748,42 @@ mod tests {
             let e = NodeConfig::parse(text).unwrap_err().to_string();
             assert!(e.contains(key), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn mcp_servers_parse_and_validate() {
+        let c = NodeConfig::parse(
+            "[agent]\nallow_no_tool = false\n\
+             [[agent.mcp]]\nname = \"files\"\ncommand = [\"npx\", \"server\"]\n\
+             env = { LOG_LEVEL = \"warn\" }\n",
+        )
+        .unwrap();
+        assert!(!c.agent.allow_no_tool);
+        let m = &c.agent.mcp[0];
+        assert_eq!(m.command, ["npx", "server"]);
+        assert_eq!(m.env.get("LOG_LEVEL").map(String::as_str), Some("warn"));
+        assert_eq!((m.timeout_secs, m.max_output_bytes), (60, 64 * 1024));
+        for (entry, want) in [
+            ("name = \"Files\"\ncommand = [\"x\"]", "lowercase"),
+            ("name = \"f\"\ncommand = []", "needs a program"),
+            (
+                "name = \"f\"\ncommand = [\"x\"]\ntimeout_secs = 0",
+                "timeout_secs",
+            ),
+            (
+                "name = \"f\"\ncommand = [\"x\"]\nurl = \"http://h\"",
+                "unknown field",
+            ),
+        ] {
+            let e = NodeConfig::parse(&format!("[[agent.mcp]]\n{entry}\n"))
+                .expect_err(entry)
+                .to_string();
+            assert!(e.contains(want), "{entry:?}: {e}");
+        }
+        let dup = "[[agent.mcp]]\nname = \"f\"\ncommand = [\"a\"]\n\
+                   [[agent.mcp]]\nname = \"f\"\ncommand = [\"b\"]\n";
+        let e = NodeConfig::parse(dup).expect_err("duplicate").to_string();
+        assert!(e.contains("more than once"), "{e}");
     }
 
     #[test]

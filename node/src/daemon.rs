@@ -218,7 +218,22 @@ impl Node {
         };
         let node_store =
             Store::open(data_dir.join("node.db")).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let tools = ToolBox::from_config(&config.agent).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut tools = ToolBox::from_config(&config.agent).map_err(|e| anyhow::anyhow!("{e}"))?;
+        // A server that does not start costs the node its tools, not its start: the
+        // reason is printed and the node runs without them.
+        for server in &config.agent.mcp {
+            match crate::agent::mcp::start(server).await {
+                Ok(found) => {
+                    for t in found {
+                        tools = tools.with_tool(t);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    eprintln!("warning: {e}; the node runs without its tools");
+                }
+            }
+        }
 
         let mut sc = SwarmConfig::new(&data_dir, secret);
         sc.name = config.node_name();
@@ -278,6 +293,7 @@ impl Node {
                     memory_min_cosine: config.memory.min_similarity,
                     admit_memories: config.memory.admit,
                     admission_threshold: config.memory.threshold,
+                    allow_no_tool: config.agent.allow_no_tool,
                     ..ExecutorConfig::default()
                 },
             )

@@ -4,7 +4,8 @@
 # of configs/docs/basil and a coordinator with none. The MCP client launches
 # `starling mcp --api COORDINATOR` over stdio, as a desktop assistant or IDE would
 # (test_mcp_client.py); the A2A client resolves the coordinator's agent card and speaks
-# JSON-RPC to it (test_a2a_client.py). Models: the registry defaults from the model cache
+# JSON-RPC to it (test_a2a_client.py). A third node, alone, offers the tools of a stdio MCP
+# server it starts (parts_server.py) and answers through them (test_mcp_tools.py). Models: the registry defaults from the model cache
 # (fetched on first use).
 set -euo pipefail
 
@@ -65,6 +66,7 @@ listen = "127.0.0.1:$api"
 description = "$description"
 skills = $skills
 $docs_line
+${extra_toml:-}
 TOML
     "$bin" up --config "$work/$name.toml" "$@" >"$work/$name.log" 2>&1 &
     pids+=($!)
@@ -107,10 +109,29 @@ start_node ada "$ada_quic" "$ada_api" \
     --swarm-secret "$secret" --bootstrap "127.0.0.1:$basil_quic"
 wait_for ada "http://127.0.0.1:$ada_api/api/cards?q=plants"
 
-STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" \
+# dora works alone and only through the tools of an MCP server it starts itself
+# (parts_server.py, which logs every call's raw arguments).
+dora_quic=$(free_port)
+dora_api=$(free_port)
+parts_log="$work/parts-calls.jsonl"
+extra_toml="tools = []
+collaboration = \"chat\"
+allow_no_tool = false
+
+[[agent.mcp]]
+name = \"parts\"
+command = [\"$venv/bin/python\", \"$root/tests/protocols/parts_server.py\", \"$parts_log\"]"
+start_node dora "$dora_quic" "$dora_api" \
+    "Spare parts desk: the status of spare parts, by part number." '["spare parts"]' ""
+extra_toml=""
+wait_for dora "http://127.0.0.1:$dora_api/api/node"
+
+STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" STARLING_DORA_API="127.0.0.1:$dora_api" \
+    STARLING_PARTS_LOG="$parts_log" STARLING_PARTS_SERVER="$root/tests/protocols/parts_server.py" \
+    STARLING_TEST_PYTHON="$venv/bin/python" \
     timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/protocols" "$@" || {
     status=$?
-    for n in basil ada; do
+    for n in basil ada dora; do
         echo "--- $n log" >&2
         tail -n 40 "$work/$n.log" >&2
     done

@@ -7,5 +7,6 @@ pub mod executor;
 pub mod formation;
 pub mod grounded;
 pub mod llm;
+pub mod mcp;
 pub mod runtime;
 pub mod tools;

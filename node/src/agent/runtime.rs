@@ -429,7 +429,10 @@ impl Agent {
         {
             agent.learn_card(&r).await;
         }
-        let card = AgentCard::from_config(&config, models);
+        let mut card = AgentCard::from_config(&config, models);
+        // What the executor really offers: external agents and MCP tools too, and
+        // `search_docs` only with a docs folder.
+        card.tools = agent.0.executor.tools().names();
         let current = agent.cards().get(&agent.0.me).map(|k| k.card.clone());
         if current.as_ref() != Some(&card) {
             let r = swarm
