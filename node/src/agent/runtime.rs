@@ -287,6 +287,27 @@ pub struct TaskResult {
     pub tokens: u64,
 }
 
+impl TaskResult {
+    /// The answer followed by its numbered sources (`[1] node, document: "quote"`), as
+    /// the protocols that carry one text (MCP, A2A) show it.
+    pub fn answer_with_sources(&self) -> String {
+        let mut text = self.answer.clone();
+        if !self.citations.is_empty() {
+            text.push_str("\n\nSources:");
+            for (i, c) in self.citations.iter().enumerate() {
+                text.push_str(&format!(
+                    "\n[{}] {}, {}: \"{}\"",
+                    i + 1,
+                    c.node,
+                    c.document,
+                    c.quote
+                ));
+            }
+        }
+        text
+    }
+}
+
 /// Why a task could not be run.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {

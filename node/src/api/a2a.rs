@@ -647,19 +647,7 @@ fn agent_message(task_id: &str, context_id: &str, text: &str) -> Value {
 
 /// The answer as an A2A artifact: text with sources, and the whole result as data.
 fn artifact(r: &TaskResult) -> Value {
-    let mut text = r.answer.clone();
-    if !r.citations.is_empty() {
-        text.push_str("\n\nSources:");
-        for (i, c) in r.citations.iter().enumerate() {
-            text.push_str(&format!(
-                "\n[{}] {}, {}: \"{}\"",
-                i + 1,
-                c.node,
-                c.document,
-                c.quote
-            ));
-        }
-    }
+    let text = r.answer_with_sources();
     json!({
         "artifactId": "answer",
         "name": "answer",

@@ -287,20 +287,10 @@ impl ServerHandler for SwarmTools {
 
 /// The swarm's answer: text with its sources, and the task result as structured content.
 fn answered(r: &TaskResult) -> CallToolResult {
-    let mut text = r.answer.clone();
-    if !r.citations.is_empty() {
-        text.push_str("\n\nSources:");
-        for (i, c) in r.citations.iter().enumerate() {
-            text.push_str(&format!(
-                "\n[{}] {}, {}: \"{}\"",
-                i + 1,
-                c.node,
-                c.document,
-                c.quote
-            ));
-        }
-    }
-    with_structure(text, serde_json::to_value(r).unwrap_or(Value::Null))
+    with_structure(
+        r.answer_with_sources(),
+        serde_json::to_value(r).unwrap_or(Value::Null),
+    )
 }
 
 fn with_structure(text: String, structured: Value) -> CallToolResult {
