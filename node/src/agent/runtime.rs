@@ -1861,6 +1861,17 @@ impl Agent {
                     .await
                     .ok()
                     .flatten();
+                // Only the host sends a group's messages: another node can neither add to
+                // the log nor overwrite the record of a group this node knows (its own
+                // groups' records hold their members and conclusion).
+                if let Some(g) = &known {
+                    if !may_send_messages(&g.body, &from) {
+                        return Err(rpc_err(
+                            RpcErrorCode::BadRequest,
+                            "only the group's host sends its messages",
+                        ));
+                    }
+                }
                 let rec = GroupRecord {
                     group_id: n.message.group_id.clone(),
                     parent_group_id: known.as_ref().and_then(|g| g.parent_group_id.clone()),
@@ -1868,7 +1879,7 @@ impl Agent {
                     state: state_name(n.message.state).to_owned(),
                     created_at: known.as_ref().map_or(now, |g| g.created_at),
                     updated_at: now,
-                    body: serde_json::json!({"host": from}),
+                    body: known.map_or_else(|| serde_json::json!({"host": from}), |g| g.body),
                 };
                 if let Err(e) = self.0.store.upsert_group(&rec).await {
                     tracing::warn!(error = %e, "cannot store a group");
@@ -1888,6 +1899,13 @@ impl AgentSearch for Agent {
     async fn search(&self, query: &str, k: usize) -> Vec<CardHit> {
         self.search_cards(query, k).await
     }
+}
+
+/// Whether `from` may send the messages of a group stored with `body`: the `host` a member
+/// recorded may; for a group this node hosts itself (its record holds the [`GroupBody`]),
+/// no other node may.
+fn may_send_messages(body: &serde_json::Value, from: &str) -> bool {
+    body.get("host").and_then(serde_json::Value::as_str) == Some(from)
 }
 
 /// What the store keeps about a group besides its columns.
@@ -2134,6 +2152,25 @@ mod tests {
             error: error.map(str::to_owned),
             grounded: true,
         }
+    }
+
+    #[test]
+    fn only_the_recorded_host_may_send_a_groups_messages() {
+        let member_record = serde_json::json!({"host": "nodea"});
+        assert!(may_send_messages(&member_record, "nodea"));
+        assert!(!may_send_messages(&member_record, "nodeb"));
+        // A group this node hosts: its record is the full body, and no peer may write to it.
+        let own = serde_json::to_value(GroupBody {
+            members: Vec::new(),
+            initiator: "nodea".into(),
+            turn: 3,
+            max_turns: 12,
+            depth: 0,
+            conclusion: None,
+        })
+        .expect("JSON");
+        assert!(!may_send_messages(&own, "nodea"));
+        assert!(!may_send_messages(&own, "nodeb"));
     }
 
     #[test]
