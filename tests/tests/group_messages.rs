@@ -10,7 +10,6 @@ use serde_json::{json, Value};
 use starling_discovery::{PeerState, Swarm};
 use starling_node::agent::chat::Message;
 use starling_node::agent::runtime::SERVICE;
-use starling_node::daemon::SharedModels;
 
 mod support;
 
@@ -55,11 +54,7 @@ async fn wait_alive(swarm: &Swarm, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_recorded_host_may_send_a_groups_messages() {
     let dir = tempfile::tempdir().unwrap();
-    let models = SharedModels {
-        chat: support::tiny_chat_model(dir.path()),
-        aliases: vec![],
-        embedder: None,
-    };
+    let models = support::tiny_models(dir.path());
     let secret = starling_discovery::SwarmSecret::generate().to_string();
     let d = dir.path();
     let ada = support::start(support::loopback_config(d, "ada", &secret, None), &models).await;

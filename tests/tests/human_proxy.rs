@@ -32,11 +32,7 @@ async fn node(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn human_answers_become_messages_and_silence_loses_the_turn() {
     let dir = tempfile::tempdir().unwrap();
-    let models = SharedModels {
-        chat: support::tiny_chat_model(dir.path()),
-        aliases: vec![],
-        embedder: None,
-    };
+    let models = support::tiny_models(dir.path());
     let secret = starling_discovery::SwarmSecret::generate().to_string();
     let host = node(dir.path(), "host", &models, false, &secret, None).await;
     let person = node(dir.path(), "hannah", &models, true, &secret, Some(&host)).await;

@@ -48,6 +48,16 @@ pub async fn start(c: NodeConfig, models: &SharedModels) -> Node {
     .expect("start node")
 }
 
+/// Models for tests whose flow does not depend on what the model says: the tiny chat
+/// model of [`tiny_chat_model`], no embedder.
+pub fn tiny_models(dir: &Path) -> SharedModels {
+    SharedModels {
+        chat: tiny_chat_model(dir),
+        aliases: vec![],
+        embedder: None,
+    }
+}
+
 /// A tiny random-weight llama written under `dir`, loaded as a chat model (for tests whose
 /// flow does not depend on what the model says).
 pub fn tiny_chat_model(dir: &Path) -> starling_models::engine::ModelSlot {
