@@ -49,13 +49,7 @@ impl NodeAddr {
 
     /// `GET path`, parsed as `T`.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let resp = self
-            .client()?
-            .get(self.url(path))
-            .send()
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        Self::parse(resp).await
+        self.exchange(self.client()?.get(self.url(path))).await
     }
 
     /// `GET path?query`, parsed as `T` (the query form-encoded from `query`).
@@ -64,25 +58,13 @@ impl NodeAddr {
         path: &str,
         query: &Q,
     ) -> anyhow::Result<T> {
-        let resp = self
-            .client()?
-            .get(self.url(path))
-            .query(query)
-            .send()
+        self.exchange(self.client()?.get(self.url(path)).query(query))
             .await
-            .map_err(|e| self.unreachable(e))?;
-        Self::parse(resp).await
     }
 
     /// `DELETE path`, parsed as `T`.
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let resp = self
-            .client()?
-            .delete(self.url(path))
-            .send()
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        Self::parse(resp).await
+        self.exchange(self.client()?.delete(self.url(path))).await
     }
 
     /// `POST path` with a JSON body, parsed as `T`.
@@ -91,13 +73,16 @@ impl NodeAddr {
         path: &str,
         body: &B,
     ) -> anyhow::Result<T> {
-        let resp = self
-            .client()?
-            .post(self.url(path))
-            .json(body)
-            .send()
+        self.exchange(self.client()?.post(self.url(path)).json(body))
             .await
-            .map_err(|e| self.unreachable(e))?;
+    }
+
+    /// Sends `request`; an unreachable node and a refusal are errors that say so.
+    async fn exchange<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> anyhow::Result<T> {
+        let resp = request.send().await.map_err(|e| self.unreachable(e))?;
         Self::parse(resp).await
     }
 

@@ -122,13 +122,10 @@ impl SwarmTools {
         description = "Search the agent cards the swarm has published by meaning: who knows about something. Returns each agent's name, node id, description and skills, best match first."
     )]
     async fn search_agents(&self, Parameters(a): Parameters<SearchAgents>) -> CallToolResult {
-        if a.query.trim().is_empty() {
-            return failure("the query is empty");
-        }
-        let k = a.k.unwrap_or(5);
-        if !(1..=100).contains(&k) {
-            return failure("k must be between 1 and 100");
-        }
+        let k = match search_size(&a.query, a.k, 5) {
+            Ok(k) => k,
+            Err(why) => return failure(why),
+        };
         let hits: Vec<CardHit> = match self
             .node
             .get_query(
@@ -175,13 +172,10 @@ impl SwarmTools {
         description = "Search the memories the swarm shares (scored question and answer pairs that nodes kept as worked examples), nearest first."
     )]
     async fn search_memories(&self, Parameters(a): Parameters<SearchMemories>) -> CallToolResult {
-        if a.query.trim().is_empty() {
-            return failure("the query is empty");
-        }
-        let k = a.k.unwrap_or(3);
-        if !(1..=100).contains(&k) {
-            return failure("k must be between 1 and 100");
-        }
+        let k = match search_size(&a.query, a.k, 3) {
+            Ok(k) => k,
+            Err(why) => return failure(why),
+        };
         let mut query = vec![("q", a.query.clone()), ("limit", k.to_string())];
         if let Some(d) = a.domain.as_ref().filter(|d| !d.trim().is_empty()) {
             query.push(("domain", d.clone()));
@@ -291,6 +285,19 @@ fn answered(r: &TaskResult) -> CallToolResult {
         r.answer_with_sources(),
         serde_json::to_value(r).unwrap_or(Value::Null),
     )
+}
+
+/// The number of hits a search asks for (`k`, else `default`), or why an empty query or a
+/// `k` outside 1 to 100 is refused.
+fn search_size(query: &str, k: Option<u32>, default: u32) -> Result<u32, &'static str> {
+    if query.trim().is_empty() {
+        return Err("the query is empty");
+    }
+    let k = k.unwrap_or(default);
+    if !(1..=100).contains(&k) {
+        return Err("k must be between 1 and 100");
+    }
+    Ok(k)
 }
 
 fn with_structure(text: String, structured: Value) -> CallToolResult {
