@@ -252,6 +252,11 @@ pub struct AgentSection {
     /// Whether the executor may answer a step without calling a tool. `false` routes every
     /// task through the tools (for a node that fronts an external agent or MCP server).
     pub allow_no_tool: bool,
+    /// Who answers the tasks other nodes assign to this one: `model` (the node's model and
+    /// tools) or `external:NAME` (the `[[agent.external]]` entry NAME: the task goes to it
+    /// verbatim, its answer comes back verbatim, cited as that agent's; the card advertises
+    /// the agent's description and skills).
+    pub executor: String,
     /// For `kind = "human"`: when the person is asked (`always`: every turn and task;
     /// `conclusion`: only when the chat must conclude; `never`: the model answers for them).
     pub human_input: HumanInput,
@@ -308,9 +313,13 @@ pub enum HumanFallback {
 pub struct ExternalAgentConfig {
     /// Tool name (lowercase letters, digits, `_`, `-`; unique; not a built-in tool's).
     pub name: String,
-    /// What it does (shown to the model choosing tools).
+    /// What it does (shown to the model choosing tools; on the card when it is the node's
+    /// executor).
     #[serde(default)]
     pub description: String,
+    /// Its skills or tags (on the card when it is the node's executor).
+    #[serde(default)]
+    pub skills: Vec<String>,
     /// Program and arguments, run without a shell. A relative program path containing `/`
     /// is relative to the config file.
     #[serde(default)]
@@ -354,6 +363,38 @@ pub struct McpServerConfig {
     pub max_output_bytes: usize,
 }
 
+impl AgentSection {
+    /// The external agent that answers for this node (`executor = "external:NAME"`), or
+    /// `None` for `executor = "model"`; the message says what is wrong with the key.
+    pub fn fronted(&self) -> Result<Option<&ExternalAgentConfig>, String> {
+        let e = self.executor.trim();
+        if e == "model" {
+            return Ok(None);
+        }
+        let Some(name) = e.strip_prefix("external:") else {
+            return Err(format!("`{e}` is neither `model` nor `external:NAME`"));
+        };
+        if self.kind == AgentKind::Human {
+            return Err("an agent of `kind = \"human\"` is answered by its person, not by an external agent".into());
+        }
+        match self.external.iter().find(|x| x.name == name) {
+            Some(x) => Ok(Some(x)),
+            None => Err(format!(
+                "`external:{name}` names no `[[agent.external]]` entry (entries: {})",
+                if self.external.is_empty() {
+                    "none".to_owned()
+                } else {
+                    self.external
+                        .iter()
+                        .map(|x| x.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            )),
+        }
+    }
+}
+
 impl Default for AgentSection {
     fn default() -> Self {
         Self {
@@ -369,6 +410,7 @@ impl Default for AgentSection {
             external: Vec::new(),
             mcp: Vec::new(),
             allow_no_tool: true,
+            executor: "model".into(),
             human_input: HumanInput::Always,
             human_timeout_secs: 300,
             human_fallback: HumanFallback::Model,
@@ -547,6 +589,9 @@ impl NodeConfig {
                     &format!("names `{}` more than once", ext.name),
                 );
             }
+        }
+        if let Err(problem) = self.agent.fronted() {
+            return invalid("agent.executor", &problem);
         }
         let mut servers = std::collections::HashSet::new();
         for m in &self.agent.mcp {
@@ -784,6 +829,41 @@ mod tests {
                    [[agent.mcp]]\nname = \"f\"\ncommand = [\"b\"]\n";
         let e = NodeConfig::parse(dup).expect_err("duplicate").to_string();
         assert!(e.contains("more than once"), "{e}");
+    }
+
+    #[test]
+    fn executor_names_an_external_agent() {
+        let entry = "[[agent.external]]\nname = \"parts\"\ncommand = [\"./parts.py\"]\n\
+                     description = \"Looks up spare parts.\"\nskills = [\"parts\", \"stock\"]\n";
+        let c =
+            NodeConfig::parse(&format!("[agent]\nexecutor = \"external:parts\"\n{entry}")).unwrap();
+        let fronted = c.agent.fronted().unwrap().expect("an external executor");
+        assert_eq!(fronted.name, "parts");
+        assert_eq!(fronted.skills, ["parts", "stock"]);
+        assert!(NodeConfig::parse(entry)
+            .unwrap()
+            .agent
+            .fronted()
+            .unwrap()
+            .is_none());
+        for (executor, want) in [
+            (
+                "external:nope",
+                "names no `[[agent.external]]` entry (entries: parts)",
+            ),
+            ("robot", "neither `model` nor `external:NAME`"),
+        ] {
+            let e = NodeConfig::parse(&format!("[agent]\nexecutor = \"{executor}\"\n{entry}"))
+                .expect_err(executor)
+                .to_string();
+            assert!(
+                e.contains("agent.executor") && e.contains(want),
+                "{executor}: {e}"
+            );
+        }
+        let human = format!("[agent]\nkind = \"human\"\nexecutor = \"external:parts\"\n{entry}");
+        let e = NodeConfig::parse(&human).expect_err("human").to_string();
+        assert!(e.contains("by its person"), "{e}");
     }
 
     #[test]

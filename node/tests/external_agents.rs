@@ -27,6 +27,7 @@ fn agent(command: Option<Vec<String>>, url: Option<String>) -> ExternalAgent {
     ExternalAgent::from_config(&ExternalAgentConfig {
         name: "station_notes".into(),
         description: "Knows the station's maintenance notes.".into(),
+        skills: Vec::new(),
         command,
         url,
         timeout_secs: 30,

@@ -39,6 +39,11 @@ pub struct AgentCard {
     /// Models it serves.
     #[serde(default)]
     pub models: Vec<String>,
+    /// The third-party agent that answers the tasks assigned to this node
+    /// (`[agent] executor = "external:NAME"`): a whole task may be handed to it verbatim.
+    /// Left out of the JSON when there is none, so such cards read the same as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// Why a card record was not accepted.
@@ -53,15 +58,27 @@ pub enum CardError {
 }
 
 impl AgentCard {
-    /// The card a node's config describes.
+    /// The card a node's config describes. A node whose executor is an external agent
+    /// advertises that agent: its description and skills (where the entry gives them)
+    /// and its name in `agent`.
     pub fn from_config(config: &NodeConfig, models: Vec<String>) -> Self {
+        let fronted = config.agent.fronted().ok().flatten();
+        let description = match fronted {
+            Some(x) if !x.description.trim().is_empty() => x.description.clone(),
+            _ => config.agent.description.clone(),
+        };
+        let skills = match fronted {
+            Some(x) if !x.skills.is_empty() => x.skills.clone(),
+            _ => config.agent.skills.clone(),
+        };
         Self {
             name: config.node_name(),
-            description: config.agent.description.clone(),
-            skills: config.agent.skills.clone(),
+            description,
+            skills,
             kind: config.agent.kind,
             tools: config.agent.tools.clone(),
             models,
+            agent: fronted.map(|x| x.name.clone()),
         }
     }
 
@@ -315,6 +332,7 @@ mod tests {
             kind: AgentKind::Tool,
             tools: vec![],
             models: vec![],
+            agent: None,
         }
     }
 

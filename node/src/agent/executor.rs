@@ -868,6 +868,7 @@ mod tests {
         let agent = ExternalAgent::from_config(&ExternalAgentConfig {
             name: "flaky".into(),
             description: "Does any task.".into(),
+            skills: Vec::new(),
             command: Some(vec!["sh".into(), "-c".into(), script]),
             url: None,
             timeout_secs: 10,
@@ -903,6 +904,7 @@ mod tests {
         let agent = ExternalAgent::from_config(&ExternalAgentConfig {
             name: "broken".into(),
             description: "Does any task.".into(),
+            skills: Vec::new(),
             command: Some(vec!["sh".into(), "-c".into(), "exit 7".into()]),
             url: None,
             timeout_secs: 10,

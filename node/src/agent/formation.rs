@@ -591,6 +591,7 @@ mod tests {
                 kind: AgentKind::Tool,
                 tools: vec![],
                 models: vec![],
+                agent: None,
             };
             book.upsert(&format!("n{i}"), 1, card, vec![]);
         }

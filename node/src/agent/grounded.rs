@@ -12,8 +12,32 @@ pub struct Citation {
     pub node_id: String,
     /// The document (file name relative to the node's document folder), or `calculator`.
     pub document: String,
-    /// The evidence, verbatim (a sentence, or a table row with its column names).
+    /// The evidence, verbatim (a sentence, or a table row with its column names; for an
+    /// agent, its whole answer).
     pub quote: String,
+    /// The third-party agent whose answer this is (the node's `executor = "external:NAME"`);
+    /// `document` is empty then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+impl Citation {
+    /// Where the evidence is: `document` of a node, or the node's agent NAME.
+    pub fn source(&self) -> String {
+        match &self.agent {
+            Some(a) => format!("agent {a}"),
+            None => self.document.clone(),
+        }
+    }
+
+    /// One line for people: `node (document): "quote"`; an agent's answer is the answer
+    /// itself, so its line is `node (agent NAME)`.
+    pub fn line(&self) -> String {
+        match &self.agent {
+            Some(_) => format!("{} ({})", self.node, self.source()),
+            None => format!("{} ({}): \"{}\"", self.node, self.document, self.quote),
+        }
+    }
 }
 
 /// How far a task's answer goes.
@@ -2522,6 +2546,14 @@ pub enum Route {
         /// The two nodes.
         nodes: [String; 2],
     },
+    /// No node's documents hold anything for the question, and a node's card offers a
+    /// third-party agent that matches it: the whole question goes to that agent verbatim.
+    Agent {
+        /// The node fronting the agent.
+        node_id: String,
+        /// The agent's name (the card's `agent`).
+        agent: String,
+    },
     /// No node holds it.
     NotFound,
 }
@@ -2725,6 +2757,9 @@ pub struct Step {
     pub sub: SubQuestion,
     /// What it located (best first), once it answered.
     pub result: Option<Vec<Located>>,
+    /// For an agent's step: its answer, verbatim (`None` while pending or when it failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
 }
 
 /// A sub-question with its route and steps.
@@ -2770,25 +2805,16 @@ impl Inquiry {
         let parts = routed
             .into_iter()
             .map(|(sub, route)| {
+                let step = |node_id: &String| Step {
+                    node_id: node_id.clone(),
+                    sub: sub.clone(),
+                    result: None,
+                    reply: None,
+                };
                 let steps = match &route {
-                    Route::Direct { node_id } => vec![Step {
-                        node_id: node_id.clone(),
-                        sub: sub.clone(),
-                        result: None,
-                    }],
-                    Route::Bridge { first, .. } => vec![Step {
-                        node_id: first.clone(),
-                        sub: sub.clone(),
-                        result: None,
-                    }],
-                    Route::Calc { nodes, .. } => nodes
-                        .iter()
-                        .map(|n| Step {
-                            node_id: n.clone(),
-                            sub: sub.clone(),
-                            result: None,
-                        })
-                        .collect(),
+                    Route::Direct { node_id } | Route::Agent { node_id, .. } => vec![step(node_id)],
+                    Route::Bridge { first, .. } => vec![step(first)],
+                    Route::Calc { nodes, .. } => nodes.iter().map(step).collect(),
                     Route::NotFound => Vec::new(),
                 };
                 Part {
@@ -2865,7 +2891,7 @@ impl Inquiry {
         let mut out: Vec<String> = Vec::new();
         for p in &self.parts {
             let ids: Vec<&String> = match &p.route {
-                Route::Direct { node_id } => vec![node_id],
+                Route::Direct { node_id } | Route::Agent { node_id, .. } => vec![node_id],
                 Route::Bridge { first, second, .. } => vec![first, second],
                 Route::Calc { nodes, .. } => nodes.iter().collect(),
                 Route::NotFound => vec![],
@@ -2879,13 +2905,41 @@ impl Inquiry {
         out
     }
 
-    /// The sub-question of a pending step of `node_id` whose text is `text`.
+    /// The sub-question of a pending step of `node_id` whose text is `text` (`None` for
+    /// an agent's step: that node's agent gets the text itself, not a sub-question to
+    /// locate evidence for).
     pub fn step_sub(&self, node_id: &str, text: &str) -> Option<SubQuestion> {
         self.parts
             .iter()
+            .filter(|p| !matches!(p.route, Route::Agent { .. }))
             .flat_map(|p| &p.steps)
             .find(|s| s.node_id == node_id && s.sub.text == text && s.result.is_none())
             .map(|s| s.sub.clone())
+    }
+
+    /// Whether the pending step of `node_id` asked as `text` is an agent's (its answer is
+    /// recorded with [`Inquiry::record_reply`]).
+    pub fn is_agent_step(&self, node_id: &str, text: &str) -> bool {
+        self.parts.iter().any(|p| {
+            matches!(p.route, Route::Agent { .. })
+                && p.steps
+                    .iter()
+                    .any(|s| s.node_id == node_id && s.sub.text == text && s.result.is_none())
+        })
+    }
+
+    /// Records the answer of `node_id`'s agent to the step asked as `text` (`None`: it
+    /// failed).
+    pub fn record_reply(&mut self, node_id: &str, text: &str, reply: Option<String>) {
+        for p in &mut self.parts {
+            for s in &mut p.steps {
+                if s.node_id == node_id && s.sub.text == text && s.result.is_none() {
+                    s.result = Some(Vec::new());
+                    s.reply = reply.filter(|r| !r.trim().is_empty());
+                    return;
+                }
+            }
+        }
     }
 
     /// Records what `node_id` located for the step asked as `text`.
@@ -2914,6 +2968,7 @@ impl Inquiry {
                             node_id: second.clone(),
                             sub: follow,
                             result: None,
+                            reply: None,
                         });
                     }
                 }
@@ -2935,7 +2990,28 @@ impl Inquiry {
 
     /// The answer from what is known now (see [`compose`]); `name_of` is applied later by
     /// the runtime (citations carry node ids in `node` until then).
+    ///
+    /// An agent's answer is the answer, verbatim (not cut to [`MAX_ANSWER_WORDS`]: the
+    /// words are the agent's, not spans this node chose), cited as that agent's.
     pub fn answer(&self) -> Answer {
+        for p in &self.parts {
+            let Route::Agent { node_id, agent } = &p.route else {
+                continue;
+            };
+            if let Some(reply) = p.steps.first().and_then(|s| s.reply.as_ref()) {
+                return Answer {
+                    answer: reply.clone(),
+                    citations: vec![Citation {
+                        node: node_id.clone(),
+                        node_id: node_id.clone(),
+                        document: String::new(),
+                        quote: reply.clone(),
+                        agent: Some(agent.clone()),
+                    }],
+                    status: AnswerStatus::Answered,
+                };
+            }
+        }
         let parts: Vec<PartAnswer> = self.parts.iter().map(|p| self.part_answer(p)).collect();
         compose(&parts)
     }
@@ -2946,6 +3022,7 @@ impl Inquiry {
             node_id: node.to_owned(),
             document: l.unit.document.clone(),
             quote: l.unit.text.clone(),
+            agent: None,
         };
         let question = p.sub.text.clone();
         let none = PartAnswer {
@@ -2964,7 +3041,7 @@ impl Inquiry {
             (!unsettled).then(|| v.clone())
         };
         match &p.route {
-            Route::NotFound => none,
+            Route::NotFound | Route::Agent { .. } => none,
             Route::Direct { .. } => {
                 let Some(s) = p.steps.first() else {
                     return none;
@@ -3027,6 +3104,7 @@ impl Inquiry {
                                 node_id: self.me.clone(),
                                 document: "calculator".into(),
                                 quote: c.shown,
+                                agent: None,
                             },
                         ],
                     },
@@ -3035,6 +3113,68 @@ impl Inquiry {
             }
         }
     }
+}
+
+/// A third-party agent that a known card offers ([`super::card::AgentCard::agent`]), with
+/// how well the card matches a task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentOffer {
+    /// The node fronting the agent.
+    pub node_id: String,
+    /// The agent's name.
+    pub agent: String,
+    /// BM25 score of the card for the task (0: no term in common).
+    pub bm25: f32,
+    /// Cosine of the card's and the task's embeddings (0 without an embedder).
+    pub cosine: f32,
+}
+
+/// Least cosine between a task and an agent's card for the agent to take a task that
+/// shares no term with its card. Not fitted to any benchmark: MiniLM puts unrelated short
+/// texts near 0.1 and paraphrases of one topic above 0.4; a task that reaches an agent
+/// this way is answered by it and cited as its answer, where otherwise it would be
+/// `unknown`.
+pub const MIN_AGENT_COSINE: f32 = 0.3;
+
+/// Whom a question goes to when no node's documents hold anything for any of its parts
+/// (`routed` all [`Route::NotFound`], or nothing to route): the first of `offers` (best
+/// match first) whose card shares a term with the question or is close to it in meaning
+/// ([`MIN_AGENT_COSINE`]) takes the whole question, verbatim; when none does, `own` (the
+/// asked node's own agent, which answers what the node is asked) takes it. `None` while
+/// documents hold something: their answers are cited spans, and come first.
+pub fn delegate(
+    question: &str,
+    routed: &[(SubQuestion, Route)],
+    offers: &[AgentOffer],
+    own: Option<&AgentOffer>,
+) -> Option<(SubQuestion, Route)> {
+    if routed.iter().any(|(_, r)| *r != Route::NotFound) {
+        return None;
+    }
+    let offer = offers
+        .iter()
+        .find(|o| o.bm25 > 0.0 || o.cosine >= MIN_AGENT_COSINE)
+        .or(own)?;
+    let sub = SubQuestion {
+        text: question.to_owned(),
+        slot: Slot::Thing,
+        slot_terms: Vec::new(),
+        terms: terms_of(question)
+            .into_iter()
+            .map(|term| Term {
+                term,
+                weight: 1.0,
+                required: false,
+                context: false,
+            })
+            .collect(),
+        latest: false,
+    };
+    let route = Route::Agent {
+        node_id: offer.node_id.clone(),
+        agent: offer.agent.clone(),
+    };
+    Some((sub, route))
 }
 
 /// Routes one sub-question from the first probe's hits; bridges need a second probe, so
@@ -4056,5 +4196,109 @@ mod tests {
         let when = &decompose("What time does the coach leave on Saturday morning?")[0];
         assert_eq!(extract(when, &rows[0]), None);
         assert_eq!(extract(when, &rows[1]).as_deref(), Some("08:15"));
+    }
+
+    fn offer(node: &str, agent: &str, bm25: f32, cosine: f32) -> AgentOffer {
+        AgentOffer {
+            node_id: node.into(),
+            agent: agent.into(),
+            bm25,
+            cosine,
+        }
+    }
+
+    #[test]
+    fn a_question_no_document_holds_goes_to_a_matching_agent_verbatim() {
+        let q = "Review this diff for race conditions:\n  - lock(a); lock(b)";
+        let routed: Vec<(SubQuestion, Route)> = decompose(q)
+            .into_iter()
+            .map(|s| (s, Route::NotFound))
+            .collect();
+        let offers = [
+            offer("n-weather", "forecast", 0.0, 0.12),
+            offer("n-review", "reviewer", 2.5, 0.41),
+        ];
+        let (sub, route) = delegate(q, &routed, &offers, None).expect("delegated");
+        assert_eq!(sub.text, q, "the task goes verbatim");
+        assert_eq!(
+            route,
+            Route::Agent {
+                node_id: "n-review".into(),
+                agent: "reviewer".into()
+            }
+        );
+        // Close in meaning without a shared term is enough; neither is not.
+        let (_, route) =
+            delegate(q, &[], &[offer("n-x", "x", 0.0, MIN_AGENT_COSINE)], None).unwrap();
+        assert!(matches!(route, Route::Agent { .. }));
+        assert_eq!(delegate(q, &routed, &offers[..1], None), None);
+        assert_eq!(delegate(q, &routed, &[], None), None);
+        // The asked node's own agent takes what no card matches.
+        let own = offer("n-me", "mine", 0.0, 0.0);
+        let (_, route) = delegate(q, &routed, &offers[..1], Some(&own)).unwrap();
+        assert_eq!(
+            route,
+            Route::Agent {
+                node_id: "n-me".into(),
+                agent: "mine".into()
+            }
+        );
+        // A matching card still comes first.
+        let (_, route) = delegate(q, &routed, &offers, Some(&own)).unwrap();
+        assert!(matches!(route, Route::Agent { node_id, .. } if node_id == "n-review"));
+    }
+
+    #[test]
+    fn documents_come_before_agents() {
+        let q = "Which gate does the Oslo flight leave from?";
+        let sub = decompose(q).remove(0);
+        let routed = vec![(
+            sub,
+            Route::Direct {
+                node_id: "n-docs".into(),
+            },
+        )];
+        assert_eq!(
+            delegate(q, &routed, &[offer("n-a", "a", 9.0, 0.9)], None),
+            None
+        );
+    }
+
+    #[test]
+    fn an_agents_answer_comes_back_verbatim_and_cited_as_the_agents() {
+        let q = "Summarise the incident.";
+        let (sub, route) = delegate(q, &[], &[offer("n-a", "scribe", 1.0, 0.0)], None).unwrap();
+        let mut inquiry = Inquiry::new(q, "me", vec![(sub, route)]);
+        assert_eq!(inquiry.members(), ["n-a"]);
+        assert_eq!(
+            inquiry.next_step(),
+            Next::Assign(vec![("n-a".into(), q.into())])
+        );
+        assert!(inquiry.is_agent_step("n-a", q));
+        assert_eq!(
+            inquiry.step_sub("n-a", q),
+            None,
+            "no sub-question to locate"
+        );
+        let long: String = (0..2 * MAX_ANSWER_WORDS)
+            .map(|i| format!("w{i} "))
+            .collect();
+        let mut failed = inquiry.clone();
+        inquiry.record_reply("n-a", q, Some(long.clone()));
+        let Next::Conclude(a) = inquiry.next_step() else {
+            panic!("nothing is pending");
+        };
+        assert_eq!(a.answer, long, "not cut, not rewritten");
+        assert_eq!(a.status, AnswerStatus::Answered);
+        assert_eq!(a.citations.len(), 1);
+        assert_eq!(a.citations[0].agent.as_deref(), Some("scribe"));
+        assert_eq!(a.citations[0].line(), "n-a (agent scribe)");
+        // A failed agent leaves the question unknown.
+        failed.record_reply("n-a", q, None);
+        let Next::Conclude(a) = failed.next_step() else {
+            panic!("nothing is pending");
+        };
+        assert_eq!(a.status, AnswerStatus::Unknown);
+        assert!(a.citations.is_empty());
     }
 }

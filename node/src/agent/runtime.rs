@@ -30,10 +30,11 @@ use super::chat::{
 use super::executor::{Executor, TaskSpec};
 use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
 use super::grounded::{
-    self, Answer, AnswerStatus, Citation, Inquiry, Located, Next, NodeHit, PlanStep, Planner,
-    SubQuestion,
+    self, AgentOffer, Answer, AnswerStatus, Citation, Inquiry, Located, Next, NodeHit, PlanStep,
+    Planner, Route, SubQuestion,
 };
 use super::llm::Llm;
+use super::tools::{ExternalAgent, ExternalTask, Tool};
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
 use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
 use crate::store::{GroupRecord, Store, TaskRecord};
@@ -226,6 +227,10 @@ pub struct TaskReply {
     /// In a grounded inquiry: the evidence located, best first.
     #[serde(default)]
     pub evidence: Vec<Located>,
+    /// The third-party agent whose verbatim answer `result` is (`executor =
+    /// "external:NAME"`); absent when the node answered itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// `agent`/`locate` request: which units of your documents answer these sub-questions?
@@ -295,13 +300,7 @@ impl TaskResult {
         if !self.citations.is_empty() {
             text.push_str("\n\nSources:");
             for (i, c) in self.citations.iter().enumerate() {
-                text.push_str(&format!(
-                    "\n[{}] {}, {}: \"{}\"",
-                    i + 1,
-                    c.node,
-                    c.document,
-                    c.quote
-                ));
+                text.push_str(&format!("\n[{}] {}", i + 1, c.line()));
             }
         }
         text
@@ -333,6 +332,9 @@ struct Inner {
     llm: Llm,
     embedder: Option<EmbedHandle>,
     executor: Executor,
+    /// The third-party agent that answers the tasks assigned to this node (`[agent]
+    /// executor = "external:NAME"`), if any.
+    front: Option<ExternalAgent>,
     cards: Mutex<CardBook>,
     store: Store,
     events: broadcast::Sender<AgentEvent>,
@@ -420,6 +422,14 @@ impl Agent {
     ) -> anyhow::Result<Self> {
         let (events, _) = broadcast::channel(1024);
         let dim = embedder.as_ref().map_or(0, |e| e.dim());
+        let front = match config
+            .agent
+            .fronted()
+            .map_err(|e| anyhow::anyhow!("agent.executor {e}"))?
+        {
+            Some(x) => Some(ExternalAgent::from_config(x).map_err(|e| anyhow::anyhow!("{e}"))?),
+            None => None,
+        };
         let agent = Agent(Arc::new(Inner {
             me: swarm.node_id().to_string(),
             name: swarm.name().to_owned(),
@@ -428,6 +438,7 @@ impl Agent {
             llm,
             embedder,
             executor,
+            front,
             cards: Mutex::new(CardBook::new(dim)),
             store,
             events,
@@ -906,6 +917,26 @@ impl Agent {
                 );
             }
         }
+        // Nothing in any node's documents: a third-party agent whose card matches may take
+        // the whole task (this node's own included).
+        let own = self.0.front.as_ref().map(|f| AgentOffer {
+            node_id: self.0.me.clone(),
+            agent: f.name().to_owned(),
+            bm25: 0.0,
+            cosine: 0.0,
+        });
+        let offers = self.agent_offers(task).await;
+        let routed = match grounded::delegate(task, &routed, &offers, own.as_ref()) {
+            Some((sub, route @ Route::Agent { .. })) => {
+                if let (Route::Agent { node_id, .. }, Some(front)) = (&route, &self.0.front) {
+                    if *node_id == self.0.me {
+                        return Ok(self.answer_by_front(front, sub, route, group_id).await);
+                    }
+                }
+                vec![(sub, route)]
+            }
+            _ => routed,
+        };
         let inquiry = Inquiry::new(task, &self.0.me, routed).with_alternates(planner.hits());
         let member_ids = inquiry.members();
         self.emit(AgentEvent::TeamFormed {
@@ -947,6 +978,82 @@ impl Agent {
             self.host_group(params, parent, Some(inquiry)).await?
         };
         Ok(result)
+    }
+
+    /// The third-party agents that known cards (this node's own included) offer, best
+    /// match for `task` first.
+    async fn agent_offers(&self, task: &str) -> Vec<AgentOffer> {
+        let fronting = self
+            .known_cards()
+            .iter()
+            .filter(|k| k.card.agent.is_some())
+            .count();
+        if fronting == 0 {
+            return Vec::new();
+        }
+        let v = self
+            .embed_many(vec![task.to_owned()])
+            .await
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let all = self.known_cards().len();
+        self.cards()
+            .search(task, &v, all, &[])
+            .into_iter()
+            .filter_map(|h| {
+                Some(AgentOffer {
+                    agent: h.card.card.agent?,
+                    node_id: h.card.node_id,
+                    bm25: h.bm25,
+                    cosine: h.cosine,
+                })
+            })
+            .collect()
+    }
+
+    /// This node's own agent answers the task alone (`sub` routed to it by `route`): its
+    /// words are the answer, cited as its.
+    async fn answer_by_front(
+        &self,
+        front: &ExternalAgent,
+        sub: SubQuestion,
+        route: Route,
+        group_id: String,
+    ) -> TaskResult {
+        let members = vec![self.0.name.clone()];
+        self.emit(AgentEvent::TeamFormed {
+            group_id: group_id.clone(),
+            members: members.clone(),
+            calls: 0,
+        });
+        let task = sub.text.clone();
+        let external = ExternalTask {
+            task_id: group_id.clone(),
+            description: task.clone(),
+            context: String::new(),
+        };
+        let reply = self.ask_front(front, &external).await;
+        let mut inquiry = Inquiry::new(&task, &self.0.me, vec![(sub, route)]);
+        inquiry.record_reply(&self.0.me, &task, reply.ok.then_some(reply.result));
+        let answer = self.named(inquiry.answer());
+        self.emit(AgentEvent::Concluded {
+            group_id: group_id.clone(),
+            conclusion: answer_message(&answer),
+            answer: answer.answer.clone(),
+            citations: answer.citations.clone(),
+            status: answer.status,
+        });
+        TaskResult {
+            group_id,
+            members,
+            conclusion: answer_message(&answer),
+            answer: answer.answer,
+            citations: answer.citations,
+            status: answer.status,
+            turns: 0,
+            tokens: 0,
+        }
     }
 
     /// Asks `nodes` (this one answered locally) which of their units answer `subs`; per
@@ -1049,6 +1156,7 @@ impl Agent {
             result,
             child_group: None,
             evidence,
+            agent: None,
         }
     }
 
@@ -1264,7 +1372,17 @@ impl Agent {
                         let inq = inquiry.clone();
                         tokio::spawn(async move {
                             let reply = a.run_remote_task(&task.assignee, &req, timeout).await;
-                            if let Some(i) = &inq {
+                            let agent_step = inq
+                                .as_ref()
+                                .is_some_and(|i| lock(i).is_agent_step(&task.assignee, &task.desc));
+                            if let (Some(i), true) = (&inq, agent_step) {
+                                let answer = reply
+                                    .as_ref()
+                                    .ok()
+                                    .filter(|r| r.ok && r.agent.is_some())
+                                    .map(|r| r.result.clone());
+                                lock(i).record_reply(&task.assignee, &task.desc, answer);
+                            } else if let Some(i) = &inq {
                                 let evidence = reply
                                     .as_ref()
                                     .map(|r| r.evidence.clone())
@@ -1610,6 +1728,7 @@ impl Agent {
                         result: text,
                         child_group: None,
                         evidence: Vec::new(),
+                        agent: None,
                     }
                 }
                 None if self.0.config.agent.human_fallback == HumanFallback::Skip => {
@@ -1618,6 +1737,7 @@ impl Agent {
                         result: "the person did not answer in time".into(),
                         child_group: None,
                         evidence: Vec::new(),
+                        agent: None,
                     }
                 }
                 None => {}
@@ -1625,6 +1745,14 @@ impl Agent {
         }
         if let Some(sub) = &req.grounded {
             return self.grounded_task(sub);
+        }
+        if let Some(front) = &self.0.front {
+            let task = ExternalTask {
+                task_id: format!("{}/{}", req.group_id, req.task.id),
+                description: req.task.desc.clone(),
+                context: req.goal.clone(),
+            };
+            return self.ask_front(front, &task).await;
         }
         let spec = TaskSpec {
             task_id: format!("{}/{}", req.group_id, req.task.id),
@@ -1650,6 +1778,7 @@ impl Agent {
                         result: r.conclusion,
                         child_group: Some(child),
                         evidence: Vec::new(),
+                        agent: None,
                     }
                 }
                 Ok(None) => {}
@@ -1662,13 +1791,35 @@ impl Agent {
                 result: with_evidence(&out.answer, &out.steps),
                 child_group: None,
                 evidence: Vec::new(),
+                agent: None,
             },
             Err(e) => TaskReply {
                 ok: false,
                 result: e.to_string(),
                 child_group: None,
                 evidence: Vec::new(),
+                agent: None,
             },
+        }
+    }
+
+    /// Hands `task` to this node's third-party agent: its answer (or why it failed) as
+    /// the reply, verbatim.
+    async fn ask_front(&self, front: &ExternalAgent, task: &ExternalTask) -> TaskReply {
+        tracing::info!(agent = %front.name(), task = %task.task_id, "task handed to the external agent");
+        let (ok, result) = match front.run(task).await {
+            Ok(answer) => (true, answer),
+            Err(e) => {
+                tracing::info!(agent = %front.name(), error = %e, "external agent failed");
+                (false, e.to_string())
+            }
+        };
+        TaskReply {
+            ok,
+            result,
+            child_group: None,
+            evidence: Vec::new(),
+            agent: Some(front.name().to_owned()),
         }
     }
 
@@ -1950,7 +2101,7 @@ pub fn answer_message(a: &Answer) -> String {
     if !a.citations.is_empty() {
         s.push_str("\nSources:");
         for c in &a.citations {
-            s.push_str(&format!("\n- {} ({}): \"{}\"", c.node, c.document, c.quote));
+            s.push_str(&format!("\n- {}", c.line()));
         }
     }
     s

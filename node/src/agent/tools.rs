@@ -1330,6 +1330,7 @@ mod tests {
         ExternalAgent::from_config(&ExternalAgentConfig {
             name: name.into(),
             description: format!("test agent {name}"),
+            skills: Vec::new(),
             command,
             url,
             timeout_secs: 2,
@@ -1536,6 +1537,7 @@ mod tests {
         agent.external.push(ExternalAgentConfig {
             name: "echo".into(),
             description: String::new(),
+            skills: Vec::new(),
             command: Some(vec!["cat".into()]),
             url: None,
             timeout_secs: 5,

@@ -187,7 +187,7 @@ pub fn print_event(ev: &AgentEvent) {
             } else {
                 println!("sources:");
                 for c in citations {
-                    println!("  - {} ({}): \"{}\"", c.node, c.document, c.quote);
+                    println!("  - {}", c.line());
                 }
             }
         }

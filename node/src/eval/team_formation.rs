@@ -189,6 +189,7 @@ pub fn agent_card(agent: &AgentRecord) -> AgentCard {
         kind,
         tools: Vec::new(),
         models: Vec::new(),
+        agent: None,
     }
 }
 

@@ -1,0 +1,161 @@
+//! A node whose executor is a third-party agent (`[agent] executor = "external:NAME"`):
+//! three nodes on loopback. dora fronts the example command agent of
+//! examples/agents/notes_agent.py and advertises it on her card; basil holds a document;
+//! ada, who holds nothing, is asked. A question no document holds goes to dora's agent
+//! verbatim and its answer comes back verbatim, cited as the agent's; a question basil's
+//! document answers stays with the document; dora, asked herself, hands the task to her
+//! agent.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use starling_models::embed::{BertEmbedder, EmbedHandle};
+use starling_node::agent::grounded::AnswerStatus;
+use starling_node::config::ExternalAgentConfig;
+use starling_node::daemon::SharedModels;
+
+mod support;
+
+const FILTER_NOTE: &str =
+    "The north greenhouse air filters were replaced on 12 March; the next change is due on 12 June.";
+const TANK_NOTE: &str =
+    "The hydroponic bay's nutrient tanks hold 220 litres each and are flushed every 14 days.";
+
+fn notes_agent() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/notes_agent.py")
+}
+
+/// The example agent behind a wrapper that appends each task it is given to `log`.
+fn logged_agent(log: &Path) -> Vec<String> {
+    let wrapper = format!(
+        "import subprocess, sys\n\
+         task = sys.stdin.read()\n\
+         open({log:?}, 'a').write(task.replace('\\n', ' ') + '\\n')\n\
+         out = subprocess.run([sys.executable, {agent:?}], input=task, capture_output=True, text=True)\n\
+         sys.stdout.write(out.stdout)\n",
+        log = log.to_string_lossy(),
+        agent = notes_agent().to_string_lossy(),
+    );
+    vec!["python3".into(), "-c".into(), wrapper]
+}
+
+fn tasks_logged(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_party_agent_is_recruited_and_quoted_verbatim() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let embedder = EmbedHandle::spawn(
+        BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
+    )
+    .unwrap();
+    let models = SharedModels {
+        chat: support::tiny_chat_model(d),
+        aliases: vec![],
+        embedder: Some(embedder),
+    };
+    let secret = starling_discovery::SwarmSecret::generate().to_string();
+    let log = d.join("tasks.log");
+
+    let mut c = support::loopback_config(d, "ada", &secret, None);
+    c.agent.description = "Coordinates the station's questions.".into();
+    let ada = support::start(c, &models).await;
+
+    let mut c = support::loopback_config(d, "basil", &secret, Some(&ada));
+    let docs = d.join("basil-docs");
+    std::fs::create_dir_all(&docs).unwrap();
+    std::fs::write(
+        docs.join("harbour.md"),
+        "# Port Ellery\n\nThe harbour master at Port Ellery is Ines Varga.\n",
+    )
+    .unwrap();
+    c.agent.docs = Some(docs);
+    c.agent.description = "Notes about the harbour.".into();
+    let basil = support::start(c, &models).await;
+
+    let mut c = support::loopback_config(d, "dora", &secret, Some(&ada));
+    c.agent.external.push(ExternalAgentConfig {
+        name: "station_notes".into(),
+        description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
+        skills: vec!["greenhouse filters".into(), "irrigation pumps".into()],
+        command: Some(logged_agent(&log)),
+        url: None,
+        timeout_secs: 30,
+        max_output_bytes: 64 * 1024,
+    });
+    c.agent.executor = "external:station_notes".into();
+    let dora = support::start(c, &models).await;
+
+    let start = Instant::now();
+    while ada.agent.known_cards().len() < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "cards not learned"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dora_id = dora.swarm.node_id().to_string();
+    let card = ada
+        .agent
+        .known_cards()
+        .into_iter()
+        .find(|k| k.node_id == dora_id)
+        .unwrap()
+        .card;
+    assert_eq!(card.agent.as_deref(), Some("station_notes"));
+    assert!(card.description.contains("maintenance notes"), "{card:?}");
+    assert_eq!(card.skills, ["greenhouse filters", "irrigation pumps"]);
+
+    // Nobody's documents hold it: dora's agent gets the question as asked.
+    let q = "When is the next air filter change due in the north greenhouse?";
+    let r = tokio::time::timeout(Duration::from_secs(120), ada.agent.submit(q))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(r.answer, FILTER_NOTE, "{r:?}");
+    assert_eq!(r.status, AnswerStatus::Answered);
+    assert_eq!(r.citations.len(), 1, "{r:?}");
+    assert_eq!(r.citations[0].node, "dora");
+    assert_eq!(r.citations[0].agent.as_deref(), Some("station_notes"));
+    assert!(r.members.contains(&"dora".to_owned()), "{r:?}");
+    let sent = tasks_logged(&log);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["description"], q, "the task goes verbatim");
+
+    // basil's document answers this one: no agent is asked.
+    let r = tokio::time::timeout(
+        Duration::from_secs(120),
+        ada.agent
+            .submit("Who is the harbour master at Port Ellery?"),
+    )
+    .await
+    .expect("answered in time")
+    .unwrap();
+    assert!(r.answer.contains("Ines Varga"), "{r:?}");
+    assert_eq!(r.citations[0].node, "basil");
+    assert_eq!(r.citations[0].document, "harbour.md");
+    assert_eq!(r.citations[0].agent, None);
+    assert_eq!(tasks_logged(&log).len(), 1, "the agent was not asked");
+
+    // Asked herself, dora hands the task to her agent.
+    let q = "How much do the hydroponic bay's nutrient tanks hold?";
+    let r = tokio::time::timeout(Duration::from_secs(60), dora.agent.submit(q))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(r.answer, TANK_NOTE, "{r:?}");
+    assert_eq!(r.members, ["dora"]);
+    assert_eq!(r.citations[0].agent.as_deref(), Some("station_notes"));
+    let sent = tasks_logged(&log);
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1]["description"], q);
+    drop(basil);
+}
