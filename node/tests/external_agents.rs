@@ -125,6 +125,105 @@ fn the_examples_answers_fit_the_reply_schema_and_so_do_the_nodes_refusals() {
 /// The HTTP example, stopped when dropped.
 struct Service(Child);
 
+/// Starts the HTTP example with `args`; its URL and the rest of its output, line by line.
+fn http_example(
+    args: &[&str],
+) -> (
+    Service,
+    String,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
+    let script = root().join("examples/agents/http_agent.py");
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .args(["--port", "0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let stdout = child.stdout.take().expect("stdout");
+    let service = Service(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let line = lines.next().expect("a ready line").expect("readable");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    (service, url, lines)
+}
+
+fn agent_with_timeout(url: &str, timeout_secs: u64) -> ExternalAgent {
+    ExternalAgent::from_config(&ExternalAgentConfig {
+        name: "station_notes".into(),
+        description: String::new(),
+        skills: Vec::new(),
+        command: None,
+        url: Some(url.into()),
+        timeout_secs,
+        max_output_bytes: 64 * 1024,
+    })
+    .expect("valid config")
+}
+
+#[test]
+fn a_long_task_is_submitted_then_polled_until_its_answer() {
+    let (service, url, mut lines) = http_example(&["--delay", "1.5"]);
+    let a = agent_with_timeout(&format!("{url}/"), 30);
+    let got = rt()
+        .block_on(a.run(&task("How many litres does each nutrient tank hold?")))
+        .expect("answer");
+    assert_eq!(
+        got,
+        "The hydroponic bay's nutrient tanks hold 220 litres each and are flushed every 14 days."
+    );
+    let submitted = lines.next().unwrap().unwrap();
+    let id = submitted
+        .strip_prefix("submitted ")
+        .expect("submitted first");
+    assert_eq!(lines.next().unwrap().unwrap(), format!("answered {id}"));
+    // What the example says while it works fits the reply schema.
+    let v = schema("external-reply.schema.json");
+    assert!(v.is_valid(&json!({"task_id": id, "status": "working", "progress": "1 s left"})));
+    assert!(
+        !v.is_valid(&json!({"status": "working"})),
+        "a pending task needs its id"
+    );
+    drop(service);
+}
+
+#[test]
+fn a_long_task_past_its_timeout_is_cancelled_at_the_agent() {
+    let (service, url, mut lines) = http_example(&["--delay", "60"]);
+    let a = agent_with_timeout(&url, 2);
+    let runtime = rt();
+    let started = std::time::Instant::now();
+    let err = runtime
+        .block_on(a.run(&task("How often is pump P-7 inspected?")))
+        .expect_err("it takes a minute");
+    assert!(matches!(err, ToolError::Timeout { secs: 2, .. }), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    // The DELETE runs on the agent's own task set: give it the runtime until it is seen.
+    let submitted = lines.next().unwrap().unwrap();
+    let id = submitted
+        .strip_prefix("submitted ")
+        .expect("submitted first")
+        .to_owned();
+    let canceled = std::thread::spawn(move || lines.next().unwrap().unwrap());
+    runtime.block_on(async {
+        for _ in 0..100 {
+            if canceled.is_finished() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
+    assert!(canceled.is_finished(), "no DELETE within 5 s");
+    assert_eq!(canceled.join().unwrap(), format!("canceled {id}"));
+    drop(service);
+}
+
 impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.0.kill();

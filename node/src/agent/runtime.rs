@@ -34,7 +34,7 @@ use super::grounded::{
     Planner, Route, SubQuestion,
 };
 use super::llm::Llm;
-use super::tools::{ExternalAgent, ExternalTask, Tool};
+use super::tools::{ExternalAgent, ExternalTask};
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
 use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
 use crate::store::{GroupRecord, Store, TaskRecord};

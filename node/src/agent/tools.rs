@@ -16,6 +16,12 @@
 //! must answer 2xx. Calls are bounded by a timeout (the command is killed when it passes) and
 //! an output size limit; an empty answer, an answer that is not UTF-8, or a JSON object
 //! without `result` is an error.
+//!
+//! An HTTP agent may take long (IoA's `run(task) -> task_id` contract): it answers the
+//! POST with `{"task_id": "...", "status": "working"}` (or `submitted`), and the node polls
+//! `GET <url>/<task_id>` (after 0.5 s, doubling to 5 s) until the answer is no longer
+//! pending; the answer is then read as above. When the call's timeout passes first, or the
+//! call is dropped (the task was cancelled), the node sends `DELETE <url>/<task_id>`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -798,6 +804,49 @@ struct ExternalReply {
     ok: bool,
     #[serde(default)]
     error: Option<String>,
+    /// `submitted` or `working`: a long task, still running (with `task_id`). Any other
+    /// value (`completed`, `failed`, ...) is an answer like one without it; `failed`,
+    /// `canceled` and `rejected` count as `ok: false`.
+    #[serde(default)]
+    status: Option<String>,
+    /// The agent's id of a long task, polled as `GET <url>/<task_id>`.
+    #[serde(default)]
+    task_id: Option<String>,
+    /// What a long task is doing now (logged).
+    #[serde(default)]
+    progress: Option<String>,
+}
+
+/// An external agent's answer, read.
+#[derive(Debug, Clone, PartialEq)]
+enum Reply {
+    /// The result.
+    Done(String),
+    /// A long task still running at the agent.
+    Pending {
+        /// Its id at the agent.
+        task_id: String,
+        /// What it is doing, if it says.
+        progress: Option<String>,
+    },
+}
+
+/// First wait before polling a long task, doubled after each poll up to [`POLL_MAX`].
+const POLL_FIRST: Duration = Duration::from_millis(500);
+/// Longest wait between two polls of a long task.
+const POLL_MAX: Duration = Duration::from_secs(5);
+/// How long a `DELETE` of a cancelled long task may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether `id` can go into a URL path as it is: 1 to 128 of `A-Z a-z 0-9 . _ ~ -`, not
+/// `.` or `..`.
+fn valid_task_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
 }
 
 fn default_true() -> bool {
@@ -822,6 +871,51 @@ pub struct ExternalAgent {
     transport: Transport,
     timeout: Duration,
     max_output: usize,
+    /// The `DELETE`s of cancelled long tasks, owned: aborted when the last clone goes.
+    cancels: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
+}
+
+/// A long task at an HTTP agent: unless disarmed (its answer came), dropping it sends
+/// `DELETE <url>/<task_id>` (bounded by [`CANCEL_TIMEOUT`]) on the agent's [`JoinSet`].
+///
+/// [`JoinSet`]: tokio::task::JoinSet
+struct CancelOnDrop<'a> {
+    agent: &'a ExternalAgent,
+    client: reqwest::Client,
+    url: String,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            warn!(tool = %self.agent.name, url = %self.url, "no runtime to cancel the long task");
+            return;
+        };
+        let (client, url, name) = (
+            self.client.clone(),
+            self.url.clone(),
+            self.agent.name.clone(),
+        );
+        let mut set = match self.agent.cancels.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        while set.try_join_next().is_some() {}
+        set.spawn_on(
+            async move {
+                let sent = client.delete(&url).timeout(CANCEL_TIMEOUT).send().await;
+                match sent {
+                    Ok(r) => info!(tool = %name, %url, status = %r.status(), "long task cancelled"),
+                    Err(e) => warn!(tool = %name, %url, error = %e, "cannot cancel the long task"),
+                }
+            },
+            &handle,
+        );
+    }
 }
 
 /// Bytes of a failing command's stderr kept for the error message.
@@ -864,17 +958,29 @@ impl ExternalAgent {
             transport,
             timeout: Duration::from_secs(config.timeout_secs),
             max_output: config.max_output_bytes,
+            cancels: Arc::default(),
         })
     }
 
     /// Sends `task` and waits for the result.
     pub async fn run(&self, task: &ExternalTask) -> Result<String, ToolError> {
         let body = serde_json::to_vec(task).map_err(|e| self.fail(e.to_string()))?;
-        let raw = match &self.transport {
-            Transport::Command(cmd) => self.run_command(cmd, &body).await?,
-            Transport::Http { url, client } => self.run_http(client, url, body).await?,
-        };
-        self.parse_reply(&raw)
+        match &self.transport {
+            Transport::Command(cmd) => {
+                let raw = self.run_command(cmd, &body).await?;
+                match self.parse_reply(&raw)? {
+                    Reply::Done(text) => Ok(text),
+                    Reply::Pending { .. } => Err(self
+                        .fail("it answered with a pending task; only HTTP agents can be polled")),
+                }
+            }
+            Transport::Http { url, client } => self.run_http(client, url, body).await,
+        }
+    }
+
+    /// The name it is configured under.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     fn fail(&self, reason: impl Into<String>) -> ToolError {
@@ -946,17 +1052,69 @@ impl ExternalAgent {
         Ok(out)
     }
 
+    /// POSTs the task; a long task is then polled until it has its answer, all within
+    /// the call's timeout.
     async fn run_http(
         &self,
         client: &reqwest::Client,
         url: &str,
         body: Vec<u8>,
+    ) -> Result<String, ToolError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let post = client
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        let raw = self.exchange(post, url, deadline).await?;
+        let (task_id, progress) = match self.parse_reply(&raw)? {
+            Reply::Done(text) => return Ok(text),
+            Reply::Pending { task_id, progress } => (task_id, progress),
+        };
+        let poll_url = format!("{}/{task_id}", url.trim_end_matches('/'));
+        debug!(tool = %self.name, %poll_url, ?progress, "long task submitted");
+        let mut guard = CancelOnDrop {
+            agent: self,
+            client: client.clone(),
+            url: poll_url.clone(),
+            armed: true,
+        };
+        let mut wait = POLL_FIRST;
+        loop {
+            if tokio::time::timeout_at(deadline, tokio::time::sleep(wait))
+                .await
+                .is_err()
+            {
+                // The guard cancels the task at the agent.
+                return Err(self.timed_out());
+            }
+            let raw = self
+                .exchange(client.get(&poll_url), &poll_url, deadline)
+                .await?;
+            let reply = self.parse_reply(&raw);
+            if !matches!(reply, Ok(Reply::Pending { .. })) {
+                // An answer, or a failure the agent reported: nothing left to cancel.
+                guard.armed = false;
+            }
+            match reply? {
+                Reply::Done(text) => return Ok(text),
+                Reply::Pending { progress, .. } => {
+                    debug!(tool = %self.name, ?progress, "long task still running");
+                }
+            }
+            wait = (wait * 2).min(POLL_MAX);
+        }
+    }
+
+    /// One HTTP exchange, by `deadline`: the body of a 2xx answer (at most `max_output`
+    /// bytes).
+    async fn exchange(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+        deadline: tokio::time::Instant,
     ) -> Result<Vec<u8>, ToolError> {
         let exchange = async {
-            let mut resp = client
-                .post(url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body)
+            let mut resp = request
                 .send()
                 .await
                 .map_err(|e| self.fail(format!("request to {url} failed: {e}")))?;
@@ -981,13 +1139,13 @@ impl ExternalAgent {
             }
             Ok(buf)
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        match tokio::time::timeout_at(deadline, exchange).await {
             Ok(r) => r,
             Err(_) => Err(self.timed_out()),
         }
     }
 
-    fn parse_reply(&self, raw: &[u8]) -> Result<String, ToolError> {
+    fn parse_reply(&self, raw: &[u8]) -> Result<Reply, ToolError> {
         let text = std::str::from_utf8(raw).map_err(|_| self.fail("its answer is not UTF-8"))?;
         let text = text.trim();
         if text.is_empty() {
@@ -998,7 +1156,20 @@ impl ExternalAgent {
                 let reply: ExternalReply = serde_json::from_value(v).map_err(|e| {
                     self.fail(format!("its JSON answer does not fit the protocol: {e}"))
                 })?;
-                if !reply.ok {
+                let status = reply.status.as_deref().unwrap_or("");
+                if matches!(status, "submitted" | "working") {
+                    return match reply.task_id {
+                        Some(id) if valid_task_id(&id) => Ok(Reply::Pending {
+                            task_id: id,
+                            progress: reply.progress,
+                        }),
+                        _ => Err(self.fail(format!(
+                            "its answer says `{status}` without a `task_id` of 1 to 128 \
+                             letters, digits, `.`, `_`, `~` or `-`"
+                        ))),
+                    };
+                }
+                if !reply.ok || matches!(status, "failed" | "canceled" | "rejected") {
                     let why = reply
                         .error
                         .or(reply.result)
@@ -1006,12 +1177,12 @@ impl ExternalAgent {
                     return Err(self.fail(format!("it reported failure: {why}")));
                 }
                 return match reply.result {
-                    Some(r) if !r.trim().is_empty() => Ok(r.trim().to_owned()),
+                    Some(r) if !r.trim().is_empty() => Ok(Reply::Done(r.trim().to_owned())),
                     _ => Err(self.fail("its JSON answer has no `result`")),
                 };
             }
         }
-        Ok(text.to_owned())
+        Ok(Reply::Done(text.to_owned()))
     }
 }
 
