@@ -327,6 +327,10 @@ pub struct ExternalAgentConfig {
     /// `http://` or `https://` endpoint taking the task by POST.
     #[serde(default)]
     pub url: Option<String>,
+    /// An A2A agent: its base URL (its card is at `/.well-known/agent-card.json` under it)
+    /// or its card's URL; the task goes as an A2A 1.0 `SendMessage`.
+    #[serde(default)]
+    pub a2a: Option<String>,
     /// Seconds before the call is abandoned (and the command killed).
     #[serde(default = "default_external_timeout")]
     pub timeout_secs: u64,
@@ -698,26 +702,27 @@ impl ExternalAgentConfig {
                 "entry `{name}`: name is reserved for a built-in tool"
             ));
         }
-        match (&self.command, &self.url) {
-            (Some(_), Some(_)) | (None, None) => {
-                return Err(format!(
-                    "entry `{name}`: needs exactly one of `command` and `url`"
-                ))
-            }
-            (Some(cmd), None) => {
+        match (&self.command, &self.url, &self.a2a) {
+            (Some(cmd), None, None) => {
                 if cmd.first().is_none_or(|p| p.trim().is_empty()) {
                     return Err(format!("entry `{name}`: `command` needs a program"));
                 }
             }
-            (None, Some(url)) => {
+            (None, Some(url), None) | (None, None, Some(url)) => {
+                let key = if self.url.is_some() { "url" } else { "a2a" };
                 let rest = url
                     .strip_prefix("http://")
                     .or_else(|| url.strip_prefix("https://"));
                 if rest.is_none_or(|r| r.is_empty()) {
                     return Err(format!(
-                        "entry `{name}`: `url` must be an http:// or https:// address"
+                        "entry `{name}`: `{key}` must be an http:// or https:// address"
                     ));
                 }
+            }
+            _ => {
+                return Err(format!(
+                    "entry `{name}`: needs exactly one of `command`, `url` and `a2a`"
+                ))
             }
         }
         check_limits(name, self.timeout_secs, self.max_output_bytes)

@@ -30,6 +30,7 @@ fn agent(command: Option<Vec<String>>, url: Option<String>) -> ExternalAgent {
         skills: Vec::new(),
         command,
         url,
+        a2a: None,
         timeout_secs: 30,
         max_output_bytes: 64 * 1024,
     })
@@ -161,6 +162,7 @@ fn agent_with_timeout(url: &str, timeout_secs: u64) -> ExternalAgent {
         skills: Vec::new(),
         command: None,
         url: Some(url.into()),
+        a2a: None,
         timeout_secs,
         max_output_bytes: 64 * 1024,
     })

@@ -5,8 +5,10 @@
 # `starling mcp --api COORDINATOR` over stdio, as a desktop assistant or IDE would
 # (test_mcp_client.py); the A2A client resolves the coordinator's agent card and speaks
 # JSON-RPC to it (test_a2a_client.py). A third node, alone, offers the tools of a stdio MCP
-# server it starts (parts_server.py) and answers through them (test_mcp_tools.py). Models: the registry defaults from the model cache
-# (fetched on first use).
+# server it starts (parts_server.py) and answers through them (test_mcp_tools.py). A fourth
+# fronts an A2A agent built with the a2a-sdk server (notes_a2a_server.py) as its executor
+# (test_a2a_executor.py, and node/tests/a2a_agent.rs against the server directly). Models:
+# the registry defaults from the model cache (fetched on first use).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -126,12 +128,50 @@ start_node dora "$dora_quic" "$dora_api" \
 extra_toml=""
 wait_for dora "http://127.0.0.1:$dora_api/api/node"
 
-STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" STARLING_DORA_API="127.0.0.1:$dora_api" \
+# eve fronts an A2A agent built with the official a2a-sdk server (notes_a2a_server.py,
+# which logs every task it is given): `executor = "external:notes"`, so eve's card
+# advertises it and a question no node's documents hold goes to it (test_a2a_executor.py).
+notes_log="$work/notes-a2a.jsonl"
+"$venv/bin/python" "$root/tests/protocols/notes_a2a_server.py" "$notes_log" \
+    >"$work/notes-a2a.out" 2>"$work/notes-a2a.log" &
+pids+=($!)
+for _ in $(seq 1 200); do
+    grep -q "^listening on " "$work/notes-a2a.out" && break
+    sleep 0.1
+done
+notes_url=$(sed -n 's/^listening on //p' "$work/notes-a2a.out")
+if [ -z "$notes_url" ]; then
+    echo "the A2A agent did not start:" >&2
+    cat "$work/notes-a2a.log" >&2
+    exit 1
+fi
+eve_quic=$(free_port)
+eve_api=$(free_port)
+extra_toml="executor = \"external:notes\"
+
+[[agent.external]]
+name = \"notes\"
+description = \"Knows the station's maintenance notes: filters, pumps, inspections.\"
+skills = [\"maintenance\", \"irrigation pumps\"]
+a2a = \"$notes_url\""
+start_node eve "$eve_quic" "$eve_api" \
+    "Front desk of the maintenance team." '["maintenance"]' "" \
+    --swarm-secret "$secret" --bootstrap "127.0.0.1:$basil_quic"
+extra_toml=""
+wait_for eve "http://127.0.0.1:$eve_api/api/node"
+
+# The node as an A2A client, against the a2a-sdk server directly (ignored in a plain
+# `cargo test`: they need this virtual environment).
+STARLING_TEST_PYTHON="$venv/bin/python" \
+    cargo test --quiet -p starling-node --test a2a_agent -- --ignored
+
+STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" STARLING_EVE_API="127.0.0.1:$eve_api" \
+    STARLING_NOTES_LOG="$notes_log" STARLING_DORA_API="127.0.0.1:$dora_api" \
     STARLING_PARTS_LOG="$parts_log" STARLING_PARTS_SERVER="$root/tests/protocols/parts_server.py" \
     STARLING_TEST_PYTHON="$venv/bin/python" \
     timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/protocols" "$@" || {
     status=$?
-    for n in basil ada dora; do
+    for n in basil ada dora eve; do
         echo "--- $n log" >&2
         tail -n 40 "$work/$n.log" >&2
     done

@@ -88,6 +88,7 @@ async fn a_third_party_agent_is_recruited_and_quoted_verbatim() {
         skills: vec!["greenhouse filters".into(), "irrigation pumps".into()],
         command: Some(logged_agent(&log)),
         url: None,
+        a2a: None,
         timeout_secs: 30,
         max_output_bytes: 64 * 1024,
     });

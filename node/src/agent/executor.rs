@@ -871,6 +871,7 @@ mod tests {
             skills: Vec::new(),
             command: Some(vec!["sh".into(), "-c".into(), script]),
             url: None,
+            a2a: None,
             timeout_secs: 10,
             max_output_bytes: 1000,
         })
@@ -907,6 +908,7 @@ mod tests {
             skills: Vec::new(),
             command: Some(vec!["sh".into(), "-c".into(), "exit 7".into()]),
             url: None,
+            a2a: None,
             timeout_secs: 10,
             max_output_bytes: 1000,
         })

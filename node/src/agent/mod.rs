@@ -1,5 +1,6 @@
 //! The agent runtime: team formation, group chat, tasks. The state machines here are sans-IO.
 
+pub mod a2a;
 pub mod card;
 pub mod chat;
 pub mod docs;

@@ -35,6 +35,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tracing::{debug, info, warn};
 
+use super::a2a::{A2aAgent, A2aError, Outcome};
 use super::docs::{DocIndex, DocsError, Passage};
 use crate::config::{AgentSection, ExternalAgentConfig};
 
@@ -861,6 +862,10 @@ enum Transport {
         url: String,
         client: reqwest::Client,
     },
+    A2a {
+        agent: Arc<A2aAgent>,
+        client: reqwest::Client,
+    },
 }
 
 /// An external agent integrated as a tool (see the module docs for the protocol).
@@ -875,31 +880,35 @@ pub struct ExternalAgent {
     cancels: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
 }
 
-/// A long task at an HTTP agent: unless disarmed (its answer came), dropping it sends
-/// `DELETE <url>/<task_id>` (bounded by [`CANCEL_TIMEOUT`]) on the agent's [`JoinSet`].
+/// A long task at an agent: unless disarmed (its answer came), dropping it sends the
+/// agent's cancel request (`DELETE <url>/<task_id>`, or A2A's `CancelTask`), bounded by
+/// [`CANCEL_TIMEOUT`], on the agent's [`JoinSet`].
 ///
 /// [`JoinSet`]: tokio::task::JoinSet
 struct CancelOnDrop<'a> {
     agent: &'a ExternalAgent,
     client: reqwest::Client,
-    url: String,
-    armed: bool,
+    request: Option<reqwest::Request>,
+}
+
+impl CancelOnDrop<'_> {
+    fn disarm(&mut self) {
+        self.request = None;
+    }
 }
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            warn!(tool = %self.agent.name, url = %self.url, "no runtime to cancel the long task");
+        let Some(mut request) = self.request.take() else {
             return;
         };
-        let (client, url, name) = (
-            self.client.clone(),
-            self.url.clone(),
-            self.agent.name.clone(),
-        );
+        let url = request.url().to_string();
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            warn!(tool = %self.agent.name, %url, "no runtime to cancel the long task");
+            return;
+        };
+        *request.timeout_mut() = Some(CANCEL_TIMEOUT);
+        let (client, name) = (self.client.clone(), self.agent.name.clone());
         let mut set = match self.agent.cancels.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -907,8 +916,7 @@ impl Drop for CancelOnDrop<'_> {
         while set.try_join_next().is_some() {}
         set.spawn_on(
             async move {
-                let sent = client.delete(&url).timeout(CANCEL_TIMEOUT).send().await;
-                match sent {
+                match client.execute(request).await {
                     Ok(r) => info!(tool = %name, %url, status = %r.status(), "long task cancelled"),
                     Err(e) => warn!(tool = %name, %url, error = %e, "cannot cancel the long task"),
                 }
@@ -924,23 +932,33 @@ const STDERR_TAIL: usize = 2_000;
 impl ExternalAgent {
     /// Builds the tool from its config entry (validated by [`crate::config::NodeConfig`]).
     pub fn from_config(config: &ExternalAgentConfig) -> Result<Self, ToolError> {
-        let transport = match (&config.command, &config.url) {
-            (Some(cmd), None) if !cmd.is_empty() => Transport::Command(cmd.clone()),
-            (None, Some(url)) => Transport::Http {
+        let http_client = || {
+            // Backstop only: the call's own timeout (below) fires first.
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(config.timeout_secs + 5))
+                .build()
+                .map_err(|e| ToolError::External {
+                    name: config.name.clone(),
+                    reason: format!("cannot build an HTTP client: {e}"),
+                })
+        };
+        let transport = match (&config.command, &config.url, &config.a2a) {
+            (Some(cmd), None, None) if !cmd.is_empty() => Transport::Command(cmd.clone()),
+            (None, Some(url), None) => Transport::Http {
                 url: url.clone(),
-                // Backstop only: the call's own timeout (below) fires first.
-                client: reqwest::Client::builder()
-                    .timeout(Duration::from_secs(config.timeout_secs + 5))
-                    .build()
-                    .map_err(|e| ToolError::External {
-                        name: config.name.clone(),
-                        reason: format!("cannot build an HTTP client: {e}"),
-                    })?,
+                client: http_client()?,
             },
+            (None, None, Some(url)) => {
+                let client = http_client()?;
+                Transport::A2a {
+                    agent: Arc::new(A2aAgent::new(url, client.clone(), config.max_output_bytes)),
+                    client,
+                }
+            }
             _ => {
                 return Err(ToolError::External {
                     name: config.name.clone(),
-                    reason: "needs exactly one of `command` and `url`".into(),
+                    reason: "needs exactly one of `command`, `url` and `a2a`".into(),
                 })
             }
         };
@@ -975,6 +993,59 @@ impl ExternalAgent {
                 }
             }
             Transport::Http { url, client } => self.run_http(client, url, body).await,
+            Transport::A2a { agent, client } => self.run_a2a(agent, client, task).await,
+        }
+    }
+
+    /// Sends the task as an A2A message; a task still running is polled with `GetTask`
+    /// until it has its answer, all within the call's timeout.
+    async fn run_a2a(
+        &self,
+        agent: &A2aAgent,
+        client: &reqwest::Client,
+        task: &ExternalTask,
+    ) -> Result<String, ToolError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let a2a = |e: A2aError| match e {
+            A2aError::Timeout => self.timed_out(),
+            A2aError::Failed(why) => self.fail(why),
+        };
+        let id = match agent
+            .send_message(&task.description, &task.context, deadline)
+            .await
+            .map_err(a2a)?
+        {
+            Outcome::Answer(text) => return Ok(text),
+            Outcome::Running(id) => id,
+        };
+        debug!(tool = %self.name, task = %id, "A2A task running");
+        let mut guard = CancelOnDrop {
+            agent: self,
+            client: client.clone(),
+            request: agent.cancel_request(&id),
+        };
+        let mut wait = POLL_FIRST;
+        loop {
+            if tokio::time::timeout_at(deadline, tokio::time::sleep(wait))
+                .await
+                .is_err()
+            {
+                return Err(self.timed_out());
+            }
+            match agent.get_task(&id, deadline).await {
+                Ok(Outcome::Answer(text)) => {
+                    guard.disarm();
+                    return Ok(text);
+                }
+                Ok(Outcome::Running(_)) => {}
+                Err(A2aError::Failed(why)) => {
+                    // The task ended without an answer (or the agent forgot it).
+                    guard.disarm();
+                    return Err(self.fail(why));
+                }
+                Err(A2aError::Timeout) => return Err(self.timed_out()),
+            }
+            wait = (wait * 2).min(POLL_MAX);
         }
     }
 
@@ -1075,8 +1146,7 @@ impl ExternalAgent {
         let mut guard = CancelOnDrop {
             agent: self,
             client: client.clone(),
-            url: poll_url.clone(),
-            armed: true,
+            request: client.delete(&poll_url).build().ok(),
         };
         let mut wait = POLL_FIRST;
         loop {
@@ -1093,7 +1163,7 @@ impl ExternalAgent {
             let reply = self.parse_reply(&raw);
             if !matches!(reply, Ok(Reply::Pending { .. })) {
                 // An answer, or a failure the agent reported: nothing left to cancel.
-                guard.armed = false;
+                guard.disarm();
             }
             match reply? {
                 Reply::Done(text) => return Ok(text),
@@ -1504,6 +1574,7 @@ mod tests {
             skills: Vec::new(),
             command,
             url,
+            a2a: None,
             timeout_secs: 2,
             max_output_bytes: 200,
         })
@@ -1711,6 +1782,7 @@ mod tests {
             skills: Vec::new(),
             command: Some(vec!["cat".into()]),
             url: None,
+            a2a: None,
             timeout_secs: 5,
             max_output_bytes: 1000,
         });
