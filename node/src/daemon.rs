@@ -220,9 +220,12 @@ impl Node {
             Store::open(data_dir.join("node.db")).map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut tools = ToolBox::from_config(&config.agent).map_err(|e| anyhow::anyhow!("{e}"))?;
         // A server that does not start costs the node its tools, not its start: the
-        // reason is printed and the node runs without them.
-        for server in &config.agent.mcp {
-            match crate::agent::mcp::start(server).await {
+        // reason is printed and the node runs without them. The servers start together
+        // (each within its own timeout); their tools are added in config order.
+        let started =
+            futures::future::join_all(config.agent.mcp.iter().map(crate::agent::mcp::start)).await;
+        for result in started {
+            match result {
                 Ok(found) => {
                     for t in found {
                         tools = tools.with_tool(t);
