@@ -1942,6 +1942,23 @@ impl Agent {
         }
     }
 
+    /// Refuses `from` for a group this node knows whose recorded host is another node
+    /// (its own groups included): only the host asks a group's turns and tasks. A group
+    /// not known here is anyone's to start, as for messages.
+    async fn check_host(&self, group_id: &str, from: &str) -> Result<(), RpcError> {
+        let known = self
+            .0
+            .store
+            .group::<serde_json::Value>(group_id)
+            .await
+            .ok()
+            .flatten();
+        match known {
+            Some(g) if !may_send_messages(&g.body, from) => Err(not_the_host()),
+            _ => Ok(()),
+        }
+    }
+
     async fn handle_rpc(&self, req: Request) -> Result<Vec<u8>, RpcError> {
         let from = req.from.to_string();
         match req.method.as_str() {
@@ -1954,6 +1971,7 @@ impl Agent {
                         "not a member of that group",
                     ));
                 }
+                self.check_host(&r.group_id, &from).await?;
                 let d = self
                     .speak(&r)
                     .await
@@ -1969,6 +1987,7 @@ impl Agent {
                         "task is not assigned to this node",
                     ));
                 }
+                self.check_host(&r.group_id, &from).await?;
                 self.emit(AgentEvent::TaskState {
                     group_id: r.group_id.clone(),
                     task_id: r.task.id.clone(),
@@ -2017,10 +2036,7 @@ impl Agent {
                 // groups' records hold their members and conclusion).
                 if let Some(g) = &known {
                     if !may_send_messages(&g.body, &from) {
-                        return Err(rpc_err(
-                            RpcErrorCode::BadRequest,
-                            "only the group's host sends its messages",
-                        ));
+                        return Err(not_the_host());
                     }
                 }
                 let rec = GroupRecord {
@@ -2057,6 +2073,13 @@ impl AgentSearch for Agent {
 /// no other node may.
 fn may_send_messages(body: &serde_json::Value, from: &str) -> bool {
     body.get("host").and_then(serde_json::Value::as_str) == Some(from)
+}
+
+fn not_the_host() -> RpcError {
+    rpc_err(
+        RpcErrorCode::BadRequest,
+        "only the group's host sends its messages, turns and tasks",
+    )
 }
 
 /// What the store keeps about a group besides its columns.
