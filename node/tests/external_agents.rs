@@ -235,25 +235,7 @@ impl Drop for Service {
 
 #[test]
 fn the_http_example_answers_a_post_from_the_node() {
-    let script = root().join("examples/agents/http_agent.py");
-    let mut child = Command::new("python3")
-        .arg(&script)
-        .args(["--port", "0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    let stdout = child.stdout.take().expect("stdout");
-    let service = Service(child);
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("ready line");
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let (service, url, _) = http_example(&[]);
     let a = agent(None, Some(format!("{url}/")));
     let got = rt()
         .block_on(a.run(&task("How many litres does each nutrient tank hold?")))

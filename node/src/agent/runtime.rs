@@ -950,23 +950,7 @@ impl Agent {
                 Next::Conclude(a) => self.named(a),
                 Next::Assign(_) => self.named(lock(&inquiry).answer()),
             };
-            self.emit(AgentEvent::Concluded {
-                group_id: group_id.clone(),
-                conclusion: answer_message(&answer),
-                answer: answer.answer.clone(),
-                citations: answer.citations.clone(),
-                status: answer.status,
-            });
-            TaskResult {
-                group_id,
-                members: vec![self.0.name.clone()],
-                conclusion: answer_message(&answer),
-                answer: answer.answer,
-                citations: answer.citations,
-                status: answer.status,
-                turns: 0,
-                tokens: 0,
-            }
+            self.concluded_alone(group_id, answer)
         } else {
             let members = self.team(member_ids.iter().map(|id| (id.clone(), self.name_of(id))));
             let mut params = self.launch_params(group_id, task, members, depth);
@@ -1021,10 +1005,9 @@ impl Agent {
         route: Route,
         group_id: String,
     ) -> TaskResult {
-        let members = vec![self.0.name.clone()];
         self.emit(AgentEvent::TeamFormed {
             group_id: group_id.clone(),
-            members: members.clone(),
+            members: vec![self.0.name.clone()],
             calls: 0,
         });
         let task = sub.text.clone();
@@ -1036,7 +1019,12 @@ impl Agent {
         let reply = self.ask_front(front, &external).await;
         let mut inquiry = Inquiry::new(&task, &self.0.me, vec![(sub, route)]);
         inquiry.record_reply(&self.0.me, &task, reply.ok.then_some(reply.result));
-        let answer = self.named(inquiry.answer());
+        self.concluded_alone(group_id, self.named(inquiry.answer()))
+    }
+
+    /// The result of a task this node answered alone with `answer` (announced as
+    /// concluded).
+    fn concluded_alone(&self, group_id: String, answer: Answer) -> TaskResult {
         self.emit(AgentEvent::Concluded {
             group_id: group_id.clone(),
             conclusion: answer_message(&answer),
@@ -1046,7 +1034,7 @@ impl Agent {
         });
         TaskResult {
             group_id,
-            members,
+            members: vec![self.0.name.clone()],
             conclusion: answer_message(&answer),
             answer: answer.answer,
             citations: answer.citations,

@@ -1026,12 +1026,7 @@ impl ExternalAgent {
         };
         let mut wait = POLL_FIRST;
         loop {
-            if tokio::time::timeout_at(deadline, tokio::time::sleep(wait))
-                .await
-                .is_err()
-            {
-                return Err(self.timed_out());
-            }
+            self.pause(wait, deadline).await?;
             match agent.get_task(&id, deadline).await {
                 Ok(Outcome::Answer(text)) => {
                     guard.disarm();
@@ -1150,13 +1145,8 @@ impl ExternalAgent {
         };
         let mut wait = POLL_FIRST;
         loop {
-            if tokio::time::timeout_at(deadline, tokio::time::sleep(wait))
-                .await
-                .is_err()
-            {
-                // The guard cancels the task at the agent.
-                return Err(self.timed_out());
-            }
+            // Past the deadline, the guard cancels the task at the agent.
+            self.pause(wait, deadline).await?;
             let raw = self
                 .exchange(client.get(&poll_url), &poll_url, deadline)
                 .await?;
@@ -1173,6 +1163,14 @@ impl ExternalAgent {
             }
             wait = (wait * 2).min(POLL_MAX);
         }
+    }
+
+    /// Waits `wait` before the next poll of a long task; a timeout when `deadline` comes
+    /// first.
+    async fn pause(&self, wait: Duration, deadline: tokio::time::Instant) -> Result<(), ToolError> {
+        tokio::time::timeout_at(deadline, tokio::time::sleep(wait))
+            .await
+            .map_err(|_| self.timed_out())
     }
 
     /// One HTTP exchange, by `deadline`: the body of a 2xx answer (at most `max_output`
