@@ -3136,6 +3136,12 @@ pub struct AgentOffer {
 /// `unknown`.
 pub const MIN_AGENT_COSINE: f32 = 0.3;
 
+/// Whether a question routed as `routed` may go to an agent ([`delegate`]): no node's
+/// documents hold anything for any of its parts.
+pub fn wants_agent(routed: &[(SubQuestion, Route)]) -> bool {
+    routed.iter().all(|(_, r)| *r == Route::NotFound)
+}
+
 /// Whom a question goes to when no node's documents hold anything for any of its parts
 /// (`routed` all [`Route::NotFound`], or nothing to route): the first of `offers` (best
 /// match first) whose card shares a term with the question or is close to it in meaning
@@ -3148,7 +3154,7 @@ pub fn delegate(
     offers: &[AgentOffer],
     own: Option<&AgentOffer>,
 ) -> Option<(SubQuestion, Route)> {
-    if routed.iter().any(|(_, r)| *r != Route::NotFound) {
+    if !wants_agent(routed) {
         return None;
     }
     let offer = offers

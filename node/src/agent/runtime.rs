@@ -925,7 +925,12 @@ impl Agent {
             bm25: 0.0,
             cosine: 0.0,
         });
-        let offers = self.agent_offers(task).await;
+        // Searching the cards costs an embedding: only when documents hold nothing.
+        let offers = if grounded::wants_agent(&routed) {
+            self.agent_offers(task).await
+        } else {
+            Vec::new()
+        };
         let routed = match grounded::delegate(task, &routed, &offers, own.as_ref()) {
             Some((sub, route @ Route::Agent { .. })) => {
                 if let (Route::Agent { node_id, .. }, Some(front)) = (&route, &self.0.front) {
@@ -1931,9 +1936,14 @@ impl Agent {
     }
 
     /// Refuses `from` for a group this node knows whose recorded host is another node
-    /// (its own groups included): only the host asks a group's turns and tasks. A group
-    /// not known here is anyone's to start, as for messages.
-    async fn check_host(&self, group_id: &str, from: &str) -> Result<(), RpcError> {
+    /// (its own groups included): only the host sends a group's messages and asks its
+    /// turns and tasks. A group not known here is anyone's to start. Returns the group's
+    /// record, if known.
+    async fn check_host(
+        &self,
+        group_id: &str,
+        from: &str,
+    ) -> Result<Option<GroupRecord<serde_json::Value>>, RpcError> {
         let known = self
             .0
             .store
@@ -1943,7 +1953,7 @@ impl Agent {
             .flatten();
         match known {
             Some(g) if !may_send_messages(&g.body, from) => Err(not_the_host()),
-            _ => Ok(()),
+            known => Ok(known),
         }
     }
 
@@ -2010,23 +2020,12 @@ impl Agent {
                 self.0
                     .messages_received
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // A member keeps the group it takes part in (state as last seen).
+                // A member keeps the group it takes part in (state as last seen). Only the
+                // host sends a group's messages: another node can neither add to the log
+                // nor overwrite the record of a group this node knows (its own groups'
+                // records hold their members and conclusion).
                 let now = now_ms() as i64;
-                let known = self
-                    .0
-                    .store
-                    .group::<serde_json::Value>(&n.message.group_id)
-                    .await
-                    .ok()
-                    .flatten();
-                // Only the host sends a group's messages: another node can neither add to
-                // the log nor overwrite the record of a group this node knows (its own
-                // groups' records hold their members and conclusion).
-                if let Some(g) = &known {
-                    if !may_send_messages(&g.body, &from) {
-                        return Err(not_the_host());
-                    }
-                }
+                let known = self.check_host(&n.message.group_id, &from).await?;
                 let rec = GroupRecord {
                     group_id: n.message.group_id.clone(),
                     parent_group_id: known.as_ref().and_then(|g| g.parent_group_id.clone()),
