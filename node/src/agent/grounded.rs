@@ -461,6 +461,12 @@ fn is_wh(w: &str) -> bool {
 }
 
 /// The slot of one clause: its kind and the words naming it.
+/// Words that open a noun phrase.
+const DETERMINERS: &[&str] = &[
+    "the", "a", "an", "his", "her", "their", "its", "our", "my", "your", "this", "that", "these",
+    "those",
+];
+
 fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     let ws: Vec<String> = words(clause).iter().map(|w| w.to_lowercase()).collect();
     let Some(i) = ws.iter().position(|w| is_wh(w)) else {
@@ -477,6 +483,13 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     }
     if wh == "what" && np.first().is_some_and(|w| w == "the") {
         np.remove(0);
+    }
+    // `what grade the new purple climb is at`: a noun, then the subject of its own clause;
+    // only the noun names the value.
+    if matches!(wh.as_str(), "what" | "which")
+        && np.get(1).is_some_and(|w| DETERMINERS.contains(&w.as_str()))
+    {
+        np.truncate(1);
     }
     // The head noun: the last word before a preposition (`time on Sunday` -> `time`).
     let preps = [
@@ -738,6 +751,20 @@ fn entity_terms(text: &str) -> (Vec<String>, Vec<String>) {
     (names, others)
 }
 
+/// `clause` without a phrasal verb of outcome (`ended up`, `turned out`, `wound up`), and
+/// whether it had one: it asks for the final value, which no evidence words that way.
+fn without_outcome_verb(clause: &str) -> (String, bool) {
+    static R: OnceLock<Regex> = OnceLock::new();
+    let phrase = re(
+        &R,
+        r"(?i)\b(?:end(?:s|ed|ing)?\s+up|turn(?:s|ed)?\s+out(?:\s+to\s+be)?|w(?:ou|i)nds?\s+up)\b\s*",
+    );
+    if !phrase.is_match(clause) {
+        return (clause.to_owned(), false);
+    }
+    (phrase.replace_all(clause, "").trim().to_owned(), true)
+}
+
 /// Splits one question sentence at a wh-word that follows a comma, `and` or a semicolon
 /// (a preposition may stand between: `, and on which day`).
 fn split_clauses(body: &str) -> Vec<String> {
@@ -864,6 +891,11 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
         .iter()
         .enumerate()
         .map(|(i, clause)| {
+            // `who ended up with the solo`: the outcome, said with a verb that names
+            // nothing the evidence states.
+            let asked = clause;
+            let (plain, outcome) = without_outcome_verb(clause);
+            let clause = &plain;
             let (slot, slot_terms) = slot_of(clause);
             let mut terms: Vec<Term> = Vec::new();
             let add =
@@ -915,9 +947,9 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
                 }
             }
             let text = if lead.is_empty() {
-                format!("{clause}?")
+                format!("{asked}?")
             } else {
-                format!("{lead}: {clause}?")
+                format!("{lead}: {asked}?")
             };
             let lower = clause.to_lowercase();
             SubQuestion {
@@ -925,9 +957,10 @@ pub fn decompose(question: &str) -> Vec<SubQuestion> {
                 slot,
                 slot_terms,
                 terms,
-                latest: words(&lower)
-                    .iter()
-                    .any(|w| latest_words.contains(&w.as_str())),
+                latest: outcome
+                    || words(&lower)
+                        .iter()
+                        .any(|w| latest_words.contains(&w.as_str())),
             }
         })
         .collect()
@@ -1740,6 +1773,22 @@ fn first_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
             {
                 return Some(v);
             }
+        }
+    }
+    // 1c. A record none of whose fields the slot's words name: the field that the clause's
+    // other words name (`Food texture: Level 5` for `what consistency does his food have`).
+    // Names and numbers say which record, not which field.
+    if sub.slot == Slot::Thing && unit.fields.len() > 1 {
+        let (names, numbers) = entity_terms(&sub.text);
+        let others: Vec<String> = sub
+            .terms
+            .iter()
+            .filter(|t| !t.context && !sub.slot_terms.contains(&t.term))
+            .filter(|t| !names.contains(&t.term) && !numbers.contains(&t.term))
+            .map(|t| t.term.clone())
+            .collect();
+        if let Some(v) = best_named_field(sub, unit, &others).filter(|v| !unfit(sub, v)) {
+            return Some(v.to_owned());
         }
     }
     // 2. A value right after the slot's noun in the text (`from gate B14`, `Floor 4`), or a
@@ -3682,6 +3731,50 @@ mod tests {
         assert_eq!(a.status, AnswerStatus::Answered);
         assert_eq!(a.citations.len(), 2);
         assert!(a.citations[1].quote.contains("Gate: B14"));
+    }
+
+    #[test]
+    fn a_record_field_named_by_the_clauses_other_words_answers_a_what_question() {
+        // No column is called `consistency`; the one the clause's `food` names holds it.
+        let q = "For Mr Ormsby in room 9: what consistency does his food have to be now?";
+        let sub = decompose(q).remove(0);
+        let rows = document_units(
+            "diets.md",
+            "| Room | Patient | Food texture | Drinks |\n|---|---|---|---|\n\
+             | 9 | Mr Ormsby | Level 4 puréed | thin |\n",
+        );
+        assert_eq!(extract(&sub, &rows[0]).as_deref(), Some("Level 4 puréed"));
+        // A column named after the record's entity says which record, not which value.
+        let q = "Which coach does the first run out of Dunmere take?";
+        let sub = decompose(q).remove(0);
+        let rows = document_units(
+            "runs.md",
+            "| Run | Departures from Dunmere | Vehicle |\n|---|---|---|\n| A | 09:10, 11:40 | C7 |\n",
+        );
+        assert_ne!(extract(&sub, &rows[0]).as_deref(), Some("09:10, 11:40"));
+    }
+
+    #[test]
+    fn an_outcome_verb_asks_for_the_latest_and_names_no_term() {
+        let sub = decompose("Who ended up with the bass solo?").remove(0);
+        assert!(sub.latest);
+        assert!(sub.terms.iter().all(|t| t.term != "end"), "{:?}", sub.terms);
+        assert_eq!(sub.text, "Who ended up with the bass solo?");
+        let sub = decompose("What did the ramp turn out to be?").remove(0);
+        assert!(sub.latest);
+        let sub = decompose("When does the term end?").remove(0);
+        assert!(!sub.latest);
+    }
+
+    #[test]
+    fn the_value_noun_of_an_embedded_question_stops_at_its_subject() {
+        // `what grade | the new blue route ... is`: only `grade` names the value.
+        let sub = decompose("Can you find out what grade the new blue route on the slab is?")
+            .remove(0);
+        assert_eq!(sub.slot_terms, terms_of("grade"));
+        // A noun followed by a preposition keeps its phrase.
+        let sub = decompose("What's the name of the ferry?").remove(0);
+        assert!(sub.slot_terms.contains(&terms_of("ferry")[0]), "{:?}", sub.slot_terms);
     }
 
     #[test]
