@@ -1054,7 +1054,17 @@ fn hour_of(span: &str) -> Option<u32> {
 /// Whether `span` is a value of the wrong kind for `sub`: another dimension than asked
 /// (`15 minutes` for a cost), or a time outside the part of the day asked.
 fn unfit(sub: &SubQuestion, span: &str) -> bool {
-    wrong_dimension(sub, span) || (sub.slot == Slot::Time && outside_day_part(sub, span))
+    wrong_dimension(sub, span)
+        || (sub.slot == Slot::Time && outside_day_part(sub, span))
+        || (sub.slot == Slot::Count && is_year(span))
+}
+
+/// Whether `span` is a bare year (`2024`): a date, not a count of anything.
+fn is_year(span: &str) -> bool {
+    let t = span.trim();
+    t.len() == 4
+        && t.bytes().all(|b| b.is_ascii_digit())
+        && (t.starts_with("19") || t.starts_with("20"))
 }
 
 /// Whether the time `span` lies outside the part of the day the question names.
@@ -1101,16 +1111,28 @@ fn update_re() -> &'static Regex {
 /// booked for 10 March was moved to 17 March` gives `17 March`); `revisions` are the
 /// text's own [`revisions`].
 fn updated_value(sub: &SubQuestion, text: &str, revisions: &[(String, String)]) -> Option<String> {
-    let at = update_re().find(text)?.end();
+    let marker = update_re().find(text)?;
     // `brought forward from 06:30`: the value it came from is not the new one.
     let old: Vec<Vec<String>> = revisions.iter().map(|(o, _)| terms_of(o)).collect();
-    typed_spans(sub.slot, &text[at..]).into_iter().find(|v| {
+    let fits = |v: &String| {
         let vt = terms_of(v);
         !unfit(sub, v)
             && !old
                 .iter()
                 .any(|o| !vt.is_empty() && vt.iter().all(|t| o.contains(t)))
-    })
+    };
+    // `she is unavailable and Tiernan Castellane replaces her`: with these markers the
+    // new value is the subject, the last of its kind before the marker in that clause.
+    let lower = marker.as_str().to_lowercase();
+    if ["replaces", "takes over", "took over"].contains(&lower.as_str()) {
+        let before = &text[..marker.start()];
+        let clause = before.rsplit("; ").next().unwrap_or(before);
+        let clause = clause.rsplit(". ").next().unwrap_or(clause);
+        return typed_spans(sub.slot, clause).into_iter().rev().find(fits);
+    }
+    typed_spans(sub.slot, &text[marker.end()..])
+        .into_iter()
+        .find(fits)
 }
 
 /// Whether `text` marks what it states as past: `last year`, `last season`, `previously`,
@@ -1127,6 +1149,12 @@ fn superseded(text: &str) -> bool {
     ]
     .iter()
     .any(|m| lower.contains(m))
+}
+
+/// `text` without its bracketed asides (`(last year 22 June)`).
+fn without_asides(text: &str) -> String {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(&R, r"\([^()]*\)").replace_all(text, "").into_owned()
 }
 
 /// Extra terms (index terms, as [`terms_of`] gives them) a kind of slot matches in
@@ -1209,7 +1237,11 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     // A value marked as past (`last year's heather gave 231 jars`) is a near miss, unless
     // the question asks about the past itself.
     // The heading or the document may say it (`# Harvest Fair takings — last year`).
-    let past = superseded(&unit.text) || superseded(&unit.heading) || superseded(&unit.document);
+    // An aside in brackets (`first flower of the season (last year 22 June)`) dates only
+    // itself.
+    let past = superseded(&without_asides(&unit.text))
+        || superseded(&unit.heading)
+        || superseded(&unit.document);
     if past && !superseded(&sub.text) {
         score *= 0.6;
     }
@@ -1621,8 +1653,24 @@ fn compound_of(word: &str, part: &str) -> bool {
     part.len() >= 5 && word.len() >= part.len() + 2 && word.ends_with(part)
 }
 
+/// Whether two index terms are forms of one word: equal, or one is the other with a
+/// derivational ending (`driv` / `driver`, `insur` / `insuranc`, `weigh` / `weight`). Other
+/// shared beginnings are other words (`temperat` of `Temperate House` is not
+/// `temperatur`).
 fn term_matches(a: &str, b: &str) -> bool {
-    a == b || (a.len() >= 4 && b.len() >= 4 && (a.starts_with(b) || b.starts_with(a)))
+    const ENDINGS: &[&str] = &[
+        "e", "er", "or", "ar", "ing", "ed", "anc", "enc", "ment", "ion", "ation", "ition", "al",
+        "ial", "ity", "y", "ly", "iv", "ist", "ant", "ent", "ee", "ery", "ship", "ure", "ful",
+        "less", "able", "ibl", "ic", "t",
+    ];
+    if a == b {
+        return true;
+    }
+    let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    short.len() >= 4
+        && long
+            .strip_prefix(short)
+            .is_some_and(|rest| ENDINGS.contains(&rest))
 }
 
 /// Whether a value only repeats the question (the entity asked about is no answer).
@@ -3769,12 +3817,69 @@ mod tests {
     #[test]
     fn the_value_noun_of_an_embedded_question_stops_at_its_subject() {
         // `what grade | the new blue route ... is`: only `grade` names the value.
-        let sub = decompose("Can you find out what grade the new blue route on the slab is?")
-            .remove(0);
+        let sub =
+            decompose("Can you find out what grade the new blue route on the slab is?").remove(0);
         assert_eq!(sub.slot_terms, terms_of("grade"));
         // A noun followed by a preposition keeps its phrase.
         let sub = decompose("What's the name of the ferry?").remove(0);
-        assert!(sub.slot_terms.contains(&terms_of("ferry")[0]), "{:?}", sub.slot_terms);
+        assert!(
+            sub.slot_terms.contains(&terms_of("ferry")[0]),
+            "{:?}",
+            sub.slot_terms
+        );
+    }
+
+    #[test]
+    fn who_replaces_whom_names_the_new_person_first() {
+        let sub = decompose("Who's refereeing the U10 final?").remove(0);
+        let note = document_units(
+            "refs.md",
+            "Note: Carys Pell was first appointed to the U10 final; she is ill and Rowan Teague replaces her.",
+        );
+        let found = locate(&sub, &note, 1);
+        assert_eq!(found[0].span.as_deref(), Some("Rowan Teague"));
+    }
+
+    #[test]
+    fn words_that_only_begin_alike_are_other_words() {
+        assert!(term_matches("driv", "driver"));
+        assert!(term_matches("weigh", "weight"));
+        assert!(term_matches("insur", "insuranc"));
+        // `Temperate House` says nothing about a temperature.
+        assert!(!term_matches(
+            &terms_of("temperate")[0],
+            &terms_of("temperature")[0]
+        ));
+        assert!(!term_matches("cart", "cartridg"));
+    }
+
+    #[test]
+    fn a_bracketed_aside_about_last_year_leaves_the_rest_current() {
+        let sub = decompose("When did the giant lily first flower this year?").remove(0);
+        let units = document_units(
+            "flowers.md",
+            "- 2 May: the orchid, first flowers.\n\
+             - 14 June: giant lily, first flower of the season (last year 22 June).\n",
+        );
+        let found = locate(&sub, &units, 2);
+        assert_eq!(found[0].span.as_deref(), Some("14 June"));
+        // The whole note marked past is still a near miss.
+        let old = document_units(
+            "n.md",
+            "Last year the giant lily first flowered on 22 June.",
+        );
+        let now = document_units("n.md", "The giant lily first flowered on 14 June.");
+        assert!(score_unit(&sub, &old[0]) < score_unit(&sub, &now[0]));
+    }
+
+    #[test]
+    fn a_year_is_no_count() {
+        let sub = decompose("How many beds does the Aldhorn Hut have?").remove(0);
+        let units = document_units(
+            "huts.md",
+            "Aldhorn Hut was extended in 2024 (previously 40 beds).",
+        );
+        assert_ne!(extract(&sub, &units[0]).as_deref(), Some("2024"));
     }
 
     #[test]
