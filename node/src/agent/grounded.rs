@@ -1627,7 +1627,15 @@ fn asked_dimension(sub: &SubQuestion) -> Option<&'static str> {
 
 /// Whether `span` measures something other than what `sub` asks (`15 minutes` for a cost).
 fn wrong_dimension(sub: &SubQuestion, span: &str) -> bool {
+    // `How long` asks for a duration or a length, never a price or a weight.
+    let extent = sub.slot == Slot::Quantity
+        && asked_unit(&sub.text).is_none()
+        && sub
+            .slot_terms
+            .iter()
+            .any(|t| ["long", "length", "duration"].contains(&t.as_str()));
     match (asked_dimension(sub), dimension(span)) {
+        (_, Some(d)) if extent => !matches!(d, "time" | "length"),
         (Some(a), Some(d)) => a != d,
         _ => false,
     }
@@ -3313,18 +3321,25 @@ pub fn route_with_bridges(
         return base;
     }
     let direct = best_direct(hits);
+    // Of the chains that beat the direct answer, the one whose two units together match
+    // the question best (the first start found is not always the right one).
+    let mut best: Option<(f32, Route)> = None;
     for ((start, follow), follow_hits) in chains {
         if let Some(end) = best_follow(follow, follow_hits) {
             if chain_wins(sub, direct, &start.located.unit, &end.located.unit) {
-                return Route::Bridge {
-                    first: start.node_id.clone(),
-                    second: end.node_id.clone(),
-                    link: link_terms(sub, &start.located.unit),
-                };
+                let score = chain_score(sub, &[&start.located.unit, &end.located.unit]);
+                if best.as_ref().is_none_or(|(s, _)| score > *s) {
+                    let route = Route::Bridge {
+                        first: start.node_id.clone(),
+                        second: end.node_id.clone(),
+                        link: link_terms(sub, &start.located.unit),
+                    };
+                    best = Some((score, route));
+                }
             }
         }
     }
-    base
+    best.map_or(base, |(_, r)| r)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -3880,6 +3895,62 @@ mod tests {
             "Aldhorn Hut was extended in 2024 (previously 40 beds).",
         );
         assert_ne!(extract(&sub, &units[0]).as_deref(), Some("2024"));
+    }
+
+    #[test]
+    fn how_long_is_never_answered_by_a_price() {
+        let sub = decompose("How long is the film on Friday?").remove(0);
+        assert!(unfit(&sub, "£85"));
+        assert!(!unfit(&sub, "128 min"));
+    }
+
+    #[test]
+    fn of_two_bridges_the_one_matching_the_question_best_is_taken() {
+        let q = "How long is the film we're screening on 14 November?";
+        let sub = decompose(q).remove(0);
+        let hits = |units: &[Unit], node: &str, s: &SubQuestion| -> Vec<NodeHit> {
+            locate(s, units, 4)
+                .into_iter()
+                .map(|l| NodeHit {
+                    node_id: node.into(),
+                    located: l,
+                    prior: 0.0,
+                })
+                .collect()
+        };
+        // Two starts without a value: a note naming a hall, the schedule naming the film.
+        let note = document_units(
+            "note.md",
+            "Our November film screenings are on the 14th and the 28th at the Guildhall.",
+        );
+        let schedule = document_units(
+            "schedule.md",
+            "# Film screenings\n\n| Date | Film |\n|---|---|\n| 14 Nov | Under the Chalk Hills |\n",
+        );
+        let hall = document_units(
+            "hall.md",
+            "The Guildhall projector takes 20 minutes to warm up.",
+        );
+        let films = document_units(
+            "films.md",
+            "| Film | Length |\n|---|---|\n| Under the Chalk Hills | 128 min |\n",
+        );
+        let mut h = hits(&note, "win", &sub);
+        h.extend(hits(&schedule, "cai", &sub));
+        let starts = bridge_starts(&sub, &h, 2);
+        assert_eq!(starts.len(), 2, "{starts:?}");
+        let chains: Vec<_> = starts
+            .iter()
+            .map(|(start, follow)| {
+                let mut f = hits(&hall, "ben", follow);
+                f.extend(hits(&films, "zof", follow));
+                ((start.clone(), follow.clone()), f)
+            })
+            .collect();
+        let Route::Bridge { first, second, .. } = route_with_bridges(q, &sub, &h, &chains) else {
+            panic!("a bridge")
+        };
+        assert_eq!((first.as_str(), second.as_str()), ("cai", "zof"));
     }
 
     #[test]
