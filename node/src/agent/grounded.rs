@@ -461,6 +461,18 @@ fn is_wh(w: &str) -> bool {
 }
 
 /// The slot of one clause: its kind and the words naming it.
+/// Whether `clause` names one day: a weekday, `today` or `tomorrow`, or a day of a month
+/// (`14 November`); a month alone leaves the day to ask for.
+fn names_day(clause: &str) -> bool {
+    let lower = clause.to_lowercase();
+    words(&lower).iter().any(|w| {
+        let w = w.trim_end_matches("'s");
+        WEEKDAYS_MONTHS[..7].contains(&w) || ["today", "tonight", "tomorrow"].contains(&w)
+    }) || date_re()
+        .find_iter(clause)
+        .any(|m| m.as_str().chars().any(|c| c.is_ascii_digit()))
+}
+
 /// Words that open a noun phrase.
 const DETERMINERS: &[&str] = &[
     "the", "a", "an", "his", "her", "their", "its", "our", "my", "your", "this", "that", "these",
@@ -566,6 +578,9 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     ];
     let slot = match wh.as_str() {
         "who" | "whom" | "whose" => Slot::Person,
+        // `When is the octopus kite flying on the Sunday?`: with the day given, the
+        // question asks for the time.
+        "when" if names_day(clause) => Slot::Time,
         "when" => Slot::Date,
         "where" => Slot::Place,
         // `how many books`: a count; `how warm`, `how long`: a measured quantity.
@@ -1007,7 +1022,7 @@ pub fn revisions(text: &str) -> Vec<(String, String)> {
     static WAS: OnceLock<Regex> = OnceLock::new();
     let from_to = re(
         &FROM_TO,
-        r"(?i)\b(?:moved|changed|brought forward|put back|pushed back|rescheduled|revised|raised|lowered|increased|reduced|cut|updated|rose|fell|went up|went down|switched|regraded|replaced|re-?booked)\b[^.;]{0,40}?\bfrom ([^.;,()]{1,30}?)(?: to ([^.;,()]{1,30}?))?(?:[.;,()]|$| because| for | on | after | as | when )",
+        r"(?i)\b(?:moved|moves|changed|changes|shifted|shifts|switches|brought forward|put back|pushed back|rescheduled|revised|raised|lowered|increased|reduced|cut|updated|rose|fell|went up|went down|switched|regraded|replaced|re-?booked)\b[^.;]{0,40}?\bfrom ([^.;,()]{1,30}?)(?: to ([^.;,()]{1,30}?))?(?:[.;,()]|$| because| for | on | after | as | when )",
     );
     let was = re(
         &WAS,
@@ -3895,6 +3910,37 @@ mod tests {
             "Aldhorn Hut was extended in 2024 (previously 40 beds).",
         );
         assert_ne!(extract(&sub, &units[0]).as_deref(), Some("2024"));
+    }
+
+    #[test]
+    fn a_when_question_that_names_the_day_asks_for_the_time() {
+        assert_eq!(
+            decompose("When is the puppet show on the Sunday?")[0].slot,
+            Slot::Time
+        );
+        assert_eq!(
+            decompose("When is the puppet show on 14 June?")[0].slot,
+            Slot::Time
+        );
+        assert_eq!(decompose("When is the puppet show?")[0].slot, Slot::Date);
+        assert_eq!(
+            decompose("When in June is the puppet show?")[0].slot,
+            Slot::Date
+        );
+    }
+
+    #[test]
+    fn a_slot_that_moves_from_one_time_to_another_is_at_the_new_one() {
+        assert_eq!(
+            revisions("the Sunday slot moves from 13:30 to 14:15, because of the display"),
+            vec![("13:30".to_string(), "14:15".to_string())]
+        );
+        let sub = decompose("When is the Kestrel club flying on the Sunday?").remove(0);
+        let note = document_units(
+            "changes.md",
+            "3 August: the Kestrel club's Sunday slot moves from 13:30 to 14:15, because the display is now at 13:30.",
+        );
+        assert_eq!(extract(&sub, &note[0]).as_deref(), Some("14:15"));
     }
 
     #[test]
