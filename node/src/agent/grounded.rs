@@ -648,6 +648,55 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
                 "courier",
                 "engineer",
                 "technician",
+                "attendant",
+                "assistant",
+                "consultant",
+                "steward",
+                "porter",
+                "cleaner",
+                "receptionist",
+                "instructor",
+                "tutor",
+                "coach",
+                "trainer",
+                "guide",
+                "chef",
+                "secretary",
+                "treasurer",
+                "referee",
+                "umpire",
+                "volunteer",
+                "marshal",
+                "caretaker",
+                "therapist",
+                "surgeon",
+                "vet",
+                "dentist",
+                "pharmacist",
+                "carer",
+                "photographer",
+                "plumber",
+                "electrician",
+                "contractor",
+                "mechanic",
+                "pilot",
+                "skipper",
+                "conductor",
+                "soloist",
+                "singer",
+                "editor",
+                "translator",
+                "proofreader",
+                "reviewer",
+                "examiner",
+                "inspector",
+                "mentor",
+                "speaker",
+                "clerk",
+                "administrator",
+                "librarian",
+                "ranger",
+                "gardener",
             ]
             .contains(&head.as_str())
             {
@@ -3941,6 +3990,18 @@ mod tests {
             "3 August: the Kestrel club's Sunday slot moves from 13:30 to 14:15, because the display is now at 13:30.",
         );
         assert_eq!(extract(&sub, &note[0]).as_deref(), Some("14:15"));
+    }
+
+    #[test]
+    fn which_role_asks_for_a_person() {
+        for q in [
+            "Which room attendant is doing room 12 tomorrow?",
+            "Which referee has the final?",
+            "Which instructor is taking the Tuesday class?",
+        ] {
+            assert_eq!(decompose(q)[0].slot, Slot::Person, "{q}");
+        }
+        assert_eq!(decompose("Which room is the talk in?")[0].slot, Slot::Place);
     }
 
     #[test]
