@@ -3625,6 +3625,18 @@ mod tests {
         "# Departures — 12 July\n\n| Flight | Destination | Gate |\n|---|---|---|\n\
         | CV 317 | Valdessa | B14 |\n| CV 319 | Valdessa | C3 |\n\nGates may change.\n";
 
+    /// What `node` locates for `s` in `units`, as probe hits.
+    fn hits(units: &[Unit], node: &str, s: &SubQuestion) -> Vec<NodeHit> {
+        locate(s, units, 4)
+            .into_iter()
+            .map(|l| NodeHit {
+                node_id: node.into(),
+                located: l,
+                prior: 0.0,
+            })
+            .collect()
+    }
+
     #[test]
     fn every_pattern_compiles() {
         for r in [
@@ -3813,16 +3825,6 @@ mod tests {
         );
         let gates = document_units("departures.md", TABLE);
         let sub = decompose(q).remove(0);
-        let hits = |units: &[Unit], node: &str, s: &SubQuestion| -> Vec<NodeHit> {
-            locate(s, units, 4)
-                .into_iter()
-                .map(|l| NodeHit {
-                    node_id: node.into(),
-                    located: l,
-                    prior: 0.0,
-                })
-                .collect()
-        };
         let mut h = hits(&groups, "jas", &sub);
         h.extend(hits(&gates, "otis", &sub));
         let starts = bridge_starts(&sub, &h, 2);
@@ -4015,16 +4017,6 @@ mod tests {
     fn of_two_bridges_the_one_matching_the_question_best_is_taken() {
         let q = "How long is the film we're screening on 14 November?";
         let sub = decompose(q).remove(0);
-        let hits = |units: &[Unit], node: &str, s: &SubQuestion| -> Vec<NodeHit> {
-            locate(s, units, 4)
-                .into_iter()
-                .map(|l| NodeHit {
-                    node_id: node.into(),
-                    located: l,
-                    prior: 0.0,
-                })
-                .collect()
-        };
         // Two starts without a value: a note naming a hall, the schedule naming the film.
         let note = document_units(
             "note.md",
