@@ -473,11 +473,15 @@ fn names_day(clause: &str) -> bool {
         .any(|m| m.as_str().chars().any(|c| c.is_ascii_digit()))
 }
 
-/// Words that open a noun phrase.
-const DETERMINERS: &[&str] = &[
-    "the", "a", "an", "his", "her", "their", "its", "our", "my", "your", "this", "that", "these",
-    "those",
+/// Articles and possessives: words that open a noun phrase and say which or whose.
+const ARTICLES: &[&str] = &[
+    "the", "a", "an", "his", "her", "their", "its", "our", "my", "your",
 ];
+
+/// Whether `w` opens a noun phrase: an article, a possessive or a demonstrative.
+fn is_determiner(w: &str) -> bool {
+    ARTICLES.contains(&w) || ["this", "that", "these", "those"].contains(&w)
+}
 
 fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     let ws: Vec<String> = words(clause).iter().map(|w| w.to_lowercase()).collect();
@@ -498,9 +502,7 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     }
     // `what grade the new purple climb is at`: a noun, then the subject of its own clause;
     // only the noun names the value.
-    if matches!(wh.as_str(), "what" | "which")
-        && np.get(1).is_some_and(|w| DETERMINERS.contains(&w.as_str()))
-    {
+    if matches!(wh.as_str(), "what" | "which") && np.get(1).is_some_and(|w| is_determiner(w)) {
         np.truncate(1);
     }
     // The head noun: the last word before a preposition (`time on Sunday` -> `time`).
@@ -593,11 +595,9 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
             let first = np.first().map(String::as_str);
             // (Not a compound: `what time control` asks for a control.)
             let then_free = np.get(1).is_none_or(|w| {
-                [
-                    "the", "a", "an", "his", "her", "their", "its", "our", "my", "your", "on",
-                    "at", "in", "for", "of", "to", "this", "that", "next",
-                ]
-                .contains(&w.as_str())
+                ARTICLES.contains(&w.as_str())
+                    || ["on", "at", "in", "for", "of", "to", "this", "that", "next"]
+                        .contains(&w.as_str())
             });
             if head == "time" || (first == Some("time") && then_free) {
                 Slot::Time
@@ -752,12 +752,9 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     }
     // `who leads` / `what does he weigh`: the verb names the slot.
     if slot == Slot::Person || (wh == "what" && np.is_empty()) {
-        let skip = [
-            "the", "a", "an", "his", "her", "their", "its", "our", "my", "your",
-        ];
         let mut content: Vec<&String> = ws[i + 1..]
             .iter()
-            .filter(|w| !AUX.contains(&w.as_str()) && !skip.contains(&w.as_str()))
+            .filter(|w| !AUX.contains(&w.as_str()) && !ARTICLES.contains(&w.as_str()))
             .take(2)
             .collect();
         // `who's got the saw`, `who has the keys`: possession names no role.
@@ -823,10 +820,10 @@ fn without_outcome_verb(clause: &str) -> (String, bool) {
         &R,
         r"(?i)\b(?:end(?:s|ed|ing)?\s+up|turn(?:s|ed)?\s+out(?:\s+to\s+be)?|w(?:ou|i)nds?\s+up)\b\s*",
     );
-    if !phrase.is_match(clause) {
-        return (clause.to_owned(), false);
+    match phrase.replace_all(clause, "") {
+        std::borrow::Cow::Borrowed(_) => (clause.to_owned(), false),
+        std::borrow::Cow::Owned(plain) => (plain.trim().to_owned(), true),
     }
-    (phrase.replace_all(clause, "").trim().to_owned(), true)
 }
 
 /// Splits one question sentence at a wh-word that follows a comma, `and` or a semicolon
@@ -1249,7 +1246,7 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let kind_word = |t: &str| match sub.slot {
         Slot::Time => t == "tim" && time_re().is_match(&unit.text),
         Slot::Date => ["date", "day"].contains(&t) && date_re().is_match(&unit.text),
-        Slot::Quantity => ["long", "length", "duration"].contains(&t) && states_extent(),
+        Slot::Quantity => EXTENT_TERMS.contains(&t) && states_extent(),
         _ => false,
     };
     for t in &sub.terms {
@@ -1689,6 +1686,10 @@ fn asked_dimension(sub: &SubQuestion) -> Option<&'static str> {
     }
 }
 
+/// The slot terms of a `how long` question (`long` and the dimensions it names, see
+/// `slot_of`): it asks for a duration or a length.
+const EXTENT_TERMS: &[&str] = &["long", "length", "duration"];
+
 /// Whether `span` measures something other than what `sub` asks (`15 minutes` for a cost).
 fn wrong_dimension(sub: &SubQuestion, span: &str) -> bool {
     // `How long` asks for a duration or a length, never a price or a weight.
@@ -1697,7 +1698,7 @@ fn wrong_dimension(sub: &SubQuestion, span: &str) -> bool {
         && sub
             .slot_terms
             .iter()
-            .any(|t| ["long", "length", "duration"].contains(&t.as_str()));
+            .any(|t| EXTENT_TERMS.contains(&t.as_str()));
     match (asked_dimension(sub), dimension(span)) {
         (_, Some(d)) if extent => !matches!(d, "time" | "length"),
         (Some(a), Some(d)) => a != d,
@@ -2792,16 +2793,17 @@ pub fn best_follow(follow: &SubQuestion, hits: &[NodeHit]) -> Option<NodeHit> {
         .cloned()
 }
 
-/// Whether a chain (`first` then `second`) beats the best direct hit.
-pub fn chain_wins(
+/// The [`chain_score`] of a chain (`first` then `second`) when it beats the best direct
+/// hit; `None` when it does not.
+pub fn winning_chain_score(
     sub: &SubQuestion,
     direct: Option<&NodeHit>,
     first: &Unit,
     second: &Unit,
-) -> bool {
+) -> Option<f32> {
     let chain = chain_score(sub, &[first, second]);
     let single = direct.map_or(0.0, |d| chain_score(sub, &[&d.located.unit]));
-    chain >= MIN_SCORE && chain > single + CHAIN_MARGIN
+    (chain >= MIN_SCORE && chain > single + CHAIN_MARGIN).then_some(chain)
 }
 
 /// Whether `sub` of `question` needs a calculation: it asks for a quantity and either a
@@ -3386,24 +3388,21 @@ pub fn route_with_bridges(
     }
     let direct = best_direct(hits);
     // Of the chains that beat the direct answer, the one whose two units together match
-    // the question best (the first start found is not always the right one).
-    let mut best: Option<(f32, Route)> = None;
-    for ((start, follow), follow_hits) in chains {
-        if let Some(end) = best_follow(follow, follow_hits) {
-            if chain_wins(sub, direct, &start.located.unit, &end.located.unit) {
-                let score = chain_score(sub, &[&start.located.unit, &end.located.unit]);
-                if best.as_ref().is_none_or(|(s, _)| score > *s) {
-                    let route = Route::Bridge {
-                        first: start.node_id.clone(),
-                        second: end.node_id.clone(),
-                        link: link_terms(sub, &start.located.unit),
-                    };
-                    best = Some((score, route));
-                }
-            }
-        }
-    }
-    best.map_or(base, |(_, r)| r)
+    // the question best (the first start found is not always the right one; of equal
+    // chains, the first).
+    chains
+        .iter()
+        .filter_map(|((start, follow), follow_hits)| {
+            let end = best_follow(follow, follow_hits)?;
+            let score = winning_chain_score(sub, direct, &start.located.unit, &end.located.unit)?;
+            Some((score, start, end))
+        })
+        .reduce(|best, c| if c.0 > best.0 { c } else { best })
+        .map_or(base, |(_, start, end)| Route::Bridge {
+            first: start.node_id.clone(),
+            second: end.node_id,
+            link: link_terms(sub, &start.located.unit),
+        })
 }
 
 // ---------------------------------------------------------------------------------------
