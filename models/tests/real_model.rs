@@ -34,18 +34,45 @@ fn ask(question: &str, max_tokens: usize) -> GenerateRequest {
     }
 }
 
+/// The model knows a fact, on every CPU. Asked in chat, its first answer token is a near
+/// tie ("The" −1.55 against "La" −1.74 nats), so the greedy text changes with the order of
+/// f32 additions in the kernels (AVX2 and AVX-512 sum differently): asserting on that text
+/// would test the CPU, not the model. Here the fact is the continuation of a pattern, and
+/// the test asserts both the greedy token and that no other token comes within one nat.
 #[tokio::test]
-async fn capital_of_france_is_paris() {
+async fn knows_the_capital_of_france() {
     for policy in [Requantize::Off, Requantize::Q8_0] {
         let e = engine(policy);
-        let (text, done) = e
-            .generate(ask("What is the capital of France?", 48))
-            .expect("queue")
-            .text()
-            .await
-            .expect("run");
-        assert!(text.contains("Paris"), "{policy}: {text:?}");
-        assert!(done.completion_tokens > 0);
+        let req = GenerateRequest {
+            prompt: Prompt::Text("Germany: Berlin\nItaly: Rome\nFrance:".into()),
+            max_tokens: 3,
+            sampling: SamplingOptions::greedy(),
+            stop: Vec::new(),
+            constraint: None,
+            logprobs: Some(2),
+        };
+        let mut gen = e.generate(req).expect("queue");
+        let (mut text, mut first) = (String::new(), None);
+        while let Some(item) = gen.next().await {
+            match item.expect("chunk") {
+                Chunk::Text(t) => text.push_str(&t),
+                Chunk::Logprob(l) => {
+                    first.get_or_insert(l);
+                }
+                Chunk::Done(_) => {}
+            }
+        }
+        assert!(text.trim_start().starts_with("Paris"), "{policy}: {text:?}");
+        let first = first.expect("log-probabilities of the first token");
+        assert_eq!(first.top[0].token, first.chosen.token, "{policy}: greedy");
+        let margin = first.top[0].logprob - first.top[1].logprob;
+        eprintln!("{policy}: {text:?}, first token leads by {margin:.2} nats");
+        assert!(
+            margin >= 1.0,
+            "{policy}: {:?} leads {:?} by only {margin} nats",
+            first.top[0].token,
+            first.top[1].token
+        );
     }
 }
 

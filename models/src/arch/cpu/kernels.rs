@@ -395,6 +395,13 @@ mod x86 {
         a: &ActRows<'_>,
         out: &mut [[f32; R]; C],
     ) {
+        if R == 4 {
+            // SAFETY: same contract; R == 4 makes the cast an identity.
+            unsafe {
+                let out4 = &mut *(out as *mut [[f32; R]; C] as *mut [[f32; 4]; C]);
+                return tile_avx2_r4::<F, C>(w, a, out4);
+            }
+        }
         let nbp = w.nbp;
         let kp = nbp * BLOCK;
         let rb = row_bytes(F, kp);
@@ -456,6 +463,123 @@ mod x86 {
                 // SAFETY: plain register arithmetic on an initialised vector.
                 out[c][r] = unsafe { hsum256(acc[c][r]) } + bias;
             }
+        }
+    }
+
+    /// The 32 unsigned (Q4) or signed (Q8, `u ^ 0x80`) weight bytes of block `b` of a row.
+    #[inline(always)]
+    unsafe fn load_block<const F: u8>(row: *const u8, b: usize) -> __m256i {
+        // SAFETY: the caller guarantees block `b` lies inside the row.
+        unsafe {
+            if F == Q8 {
+                let x = _mm256_loadu_si256(row.add(b * BLOCK) as *const _);
+                _mm256_xor_si256(x, _mm256_set1_epi8(-128))
+            } else {
+                let x = _mm256_loadu_si256(row.add((b / 2) * BLOCK) as *const _);
+                let x = if b.is_multiple_of(2) {
+                    x
+                } else {
+                    _mm256_srli_epi16::<4>(x)
+                };
+                _mm256_and_si256(x, _mm256_set1_epi8(0x0F))
+            }
+        }
+    }
+
+    /// AVX2 kernel for tiles of four weight rows: the four rows' integer dot products with
+    /// one activation block are folded by horizontal adds into one register, lanes
+    /// `[r0, r1, r2, r3]` in each 128-bit half, so one conversion and one multiply-add per
+    /// activation row and block take the place of four, and the accumulators (one per
+    /// activation row) fit AVX2's sixteen registers where four per row would spill.
+    ///
+    /// Q4 products fold as 16-bit sums: one `vpmaddubsw` lane is at most 2·15·128 = 3840 in
+    /// magnitude, four of them 15360 < 2^15. Q8 products (up to 2·128·127) are widened to
+    /// 32 bits before folding.
+    ///
+    /// # Safety
+    /// As [`tile_avx2`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_avx2_r4<const F: u8, const C: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        out: &mut [[f32; 4]; C],
+    ) {
+        let nbp = w.nbp;
+        let kp = nbp * BLOCK;
+        let rb = row_bytes(F, kp);
+        let (wq, aq, ad, as_) = (w.q.as_ptr(), a.q.as_ptr(), a.d.as_ptr(), a.s.as_ptr());
+        let (wd, wm) = (w.d.as_ptr() as *const u16, w.m.as_ptr() as *const u16);
+        let ones = _mm256_set1_epi16(1);
+        let neg_off = _mm_set1_ps(-offset(F));
+        let mut acc = [_mm256_setzero_ps(); C];
+        for b in 0..nbp {
+            // SAFETY: block b < nbp of rows 0..4, and of every activation row c < C.
+            unsafe {
+                let w0 = load_block::<F>(wq, b);
+                let w1 = load_block::<F>(wq.add(rb), b);
+                let w2 = load_block::<F>(wq.add(2 * rb), b);
+                let w3 = load_block::<F>(wq.add(3 * rb), b);
+                let scales = |p: *const u16| {
+                    _mm_cvtph_ps(_mm_setr_epi16(
+                        *p.add(b) as i16,
+                        *p.add(nbp + b) as i16,
+                        *p.add(2 * nbp + b) as i16,
+                        *p.add(3 * nbp + b) as i16,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ))
+                };
+                let d4 = scales(wd);
+                let dw = _mm256_set_m128(d4, d4);
+                // Bias per row in the low half only: the halves are summed at the end.
+                let m4 = if F == Q8 {
+                    None
+                } else if F == Q41 {
+                    Some(_mm256_zextps128_ps256(scales(wm)))
+                } else {
+                    Some(_mm256_zextps128_ps256(_mm_mul_ps(d4, neg_off)))
+                };
+                for c in 0..C {
+                    let av = _mm256_loadu_si256(aq.add(c * kp + b * BLOCK) as *const _);
+                    let dot = if F == Q8 {
+                        let prod = |wv: __m256i| {
+                            _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv)),
+                                ones,
+                            )
+                        };
+                        let h01 = _mm256_hadd_epi32(prod(w0), prod(w1));
+                        let h23 = _mm256_hadd_epi32(prod(w2), prod(w3));
+                        _mm256_hadd_epi32(h01, h23)
+                    } else {
+                        let h01 = _mm256_hadd_epi16(
+                            _mm256_maddubs_epi16(w0, av),
+                            _mm256_maddubs_epi16(w1, av),
+                        );
+                        let h23 = _mm256_hadd_epi16(
+                            _mm256_maddubs_epi16(w2, av),
+                            _mm256_maddubs_epi16(w3, av),
+                        );
+                        _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones)
+                    };
+                    let scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(&*ad.add(c * nbp + b)));
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[c]);
+                    if let Some(m) = m4 {
+                        let sa = _mm256_broadcast_ss(&*as_.add(c * nbp + b));
+                        acc[c] = _mm256_fmadd_ps(m, sa, acc[c]);
+                    }
+                }
+            }
+        }
+        for c in 0..C {
+            let s = _mm_add_ps(
+                _mm256_castps256_ps128(acc[c]),
+                _mm256_extractf128_ps::<1>(acc[c]),
+            );
+            // SAFETY: out[c] holds four f32.
+            unsafe { _mm_storeu_ps(out[c].as_mut_ptr(), s) };
         }
     }
 }

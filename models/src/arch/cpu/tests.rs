@@ -71,11 +71,16 @@ struct Step<'a> {
 }
 
 /// The CPU logits must pick the same token as exact arithmetic and stay within cosine 0.99
-/// of it and of candle's quantised pipeline. Both quantised pipelines carry their own 8-bit
-/// activation noise: on this prompt candle's own logits range from 0.9955 to 0.99998
-/// (cosine to exact) from step to step, and ours from 0.994 to 0.99998, so a 0.999 bound
-/// would fail for candle itself.
-fn compare(step: &Step<'_>) {
+/// of it. Both quantised pipelines carry their own 8-bit activation noise: on this prompt
+/// candle's own logits range from 0.9947 to 0.99998 (cosine to exact) from step to step, so
+/// a 0.999 bound would fail for candle itself, and the same noise realised differently
+/// (changing only the order of f32 additions moves single steps by up to 0.001, because
+/// activations are re-quantised after every layer) can put two correct pipelines at
+/// opposite sides of exact: their angles add, so 0.9947 each way is 0.979 apart. Per step
+/// the two quantised pipelines must agree to 0.98;
+/// whether ours is as accurate as candle's is judged over all steps, by
+/// [`Trio::finish`]. Returns `1 − cosine to exact` of ours and of candle's.
+fn compare(step: &Step<'_>) -> (f64, f64) {
     let cos_exact = cosine(step.cpu, step.exact);
     let cos_candle = cosine(step.cpu, step.candle);
     let candle_exact = cosine(step.candle, step.exact);
@@ -90,8 +95,8 @@ fn compare(step: &Step<'_>) {
         step.what
     );
     assert!(
-        cos_candle >= 0.99,
-        "{}: cosine to candle {cos_candle} < 0.99",
+        cos_candle >= 0.98,
+        "{}: cosine to candle {cos_candle} < 0.98",
         step.what
     );
     // Same greedy token as exact arithmetic, unless the two are a near-tie there (candle's
@@ -102,6 +107,7 @@ fn compare(step: &Step<'_>) {
         "{}: argmax {o} differs from exact {e} by {gap} logits",
         step.what
     );
+    (1.0 - cos_exact, 1.0 - candle_exact)
 }
 
 /// The implementation under test and its two references, fed the same tokens.
@@ -110,6 +116,9 @@ struct Trio {
     exact: Llama,
     candle: Llama,
     cpu: CpuLlama,
+    /// Σ (1 − cosine to exact) over the steps so far: ours, candle's.
+    error: (f64, f64),
+    steps: usize,
 }
 
 impl Trio {
@@ -118,13 +127,33 @@ impl Trio {
         let e = self.exact.forward(tokens).expect("f32 forward");
         let c = self.candle.forward(tokens).expect("candle forward");
         let o = self.cpu.forward(tokens).expect("cpu forward");
-        compare(&Step {
+        let (ours, candle) = compare(&Step {
             what: format!("{} {what}", self.name),
             exact: &e,
             candle: &c,
             cpu: &o,
         });
+        self.error.0 += ours;
+        self.error.1 += candle;
+        self.steps += 1;
         argmax(&e) as u32
+    }
+
+    /// Over all steps, ours must be about as close to exact arithmetic as candle's
+    /// quantised pipeline: mean `1 − cosine` at most 1.5 × candle's (the spread between
+    /// two summation orders of our own kernels on this prompt is 1.2–1.5×).
+    fn finish(&self) {
+        let n = self.steps.max(1) as f64;
+        let (ours, candle) = (self.error.0 / n, self.error.1 / n);
+        eprintln!(
+            "{}: mean 1 - cos to exact: ours {ours:.6}, candle {candle:.6}",
+            self.name
+        );
+        assert!(
+            ours <= 1.5 * candle,
+            "{}: mean error to exact {ours} is more than 1.5 × candle's {candle}",
+            self.name
+        );
     }
 
     fn truncate(&mut self, len: usize) {
@@ -153,6 +182,8 @@ fn check_against_candle(path: &Path, exact: &Path) {
         .expect("f32 load"),
         candle: Llama::load(&file, &Device::Cpu, 256).expect("candle load"),
         cpu: CpuLlama::load(&file, 256, 2).expect("cpu load"),
+        error: (0.0, 0.0),
+        steps: 0,
     };
     assert_eq!(t.cpu.vocab_size(), t.candle.vocab_size());
 
@@ -169,6 +200,7 @@ fn check_against_candle(path: &Path, exact: &Path) {
     for i in 0..3 {
         next = t.step(&format!("decode after truncate {i}"), &[next]);
     }
+    t.finish();
 }
 
 /// Writes a copy of `src` whose `from` weights are converted to `target`.
