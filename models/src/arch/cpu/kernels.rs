@@ -13,8 +13,9 @@
 //! Q8 pairs are 64 bytes, Q4 pairs 32 bytes whose low nibbles are the first block and high
 //! nibbles the second. Rows are padded to a whole number of pairs with zero blocks.
 //!
-//! Three implementations: AVX-512 VNNI, AVX2 (+FMA, F16C) and portable scalar code, chosen
-//! at run time; the scalar one is always compiled and the tests check the others against it.
+//! Four implementations: AVX-512 VNNI, AVX2 (+FMA, F16C), aarch64 NEON and portable scalar
+//! code, chosen at run time (NEON at compile time: every aarch64 CPU has it); the scalar one
+//! is always compiled and the tests check the others against it.
 // Kernels index several arrays in lock-step with the same counters; iterator
 // chains would hide the tile layout the comments describe.
 #![allow(clippy::needless_range_loop)]
@@ -62,6 +63,8 @@ pub enum Isa {
     Avx512Vnni,
     /// AVX2 with FMA and F16C.
     Avx2,
+    /// aarch64 Advanced SIMD (NEON), which every aarch64 CPU has.
+    Neon,
     /// Portable code.
     Scalar,
 }
@@ -91,6 +94,9 @@ impl Isa {
             if avx2 {
                 v.push(Self::Avx2);
             }
+        }
+        if cfg!(target_arch = "aarch64") {
+            v.push(Self::Neon);
         }
         v.push(Self::Scalar);
         v
@@ -183,6 +189,18 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                 }
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => {
+            // SAFETY: NEON is part of the aarch64 baseline; the slice lengths were checked
+            // above.
+            unsafe {
+                match w.fmt {
+                    Format::Q8_0 => arm::tile_neon::<Q8, R, C>(w, a, out),
+                    Format::Q4_0 => arm::tile_neon::<Q40, R, C>(w, a, out),
+                    Format::Q4_1 => arm::tile_neon::<Q41, R, C>(w, a, out),
+                }
+            }
+        }
         _ => tile_scalar(w, a, out),
     }
 }
@@ -204,6 +222,94 @@ pub(crate) fn unpack(fmt: Format, row: &[u8], b: usize, j: usize) -> u8 {
                 byte >> 4
             }
         }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    use std::arch::aarch64::*;
+
+    use super::{ActRows, WeightRows, BLOCK, Q40, Q41, Q8};
+
+    /// The 32 weights of block `b` of a row as signed bytes: Q8 turned back into `q`
+    /// (`u ^ 0x80`, so the product already holds the `-128·d` bias), Q4 nibbles as they are.
+    #[inline(always)]
+    unsafe fn load_block<const F: u8>(row: *const u8, b: usize) -> (int8x16_t, int8x16_t) {
+        // SAFETY (for the whole function): the caller guarantees block `b` lies in the row.
+        unsafe {
+            let (x0, x1) = if F == Q8 {
+                let p = row.add(b * BLOCK);
+                let flip = vdupq_n_u8(0x80);
+                (
+                    veorq_u8(vld1q_u8(p), flip),
+                    veorq_u8(vld1q_u8(p.add(16)), flip),
+                )
+            } else {
+                let p = row.add((b / 2) * BLOCK);
+                let (x0, x1) = (vld1q_u8(p), vld1q_u8(p.add(16)));
+                if b.is_multiple_of(2) {
+                    let low = vdupq_n_u8(0x0F);
+                    (vandq_u8(x0, low), vandq_u8(x1, low))
+                } else {
+                    (vshrq_n_u8::<4>(x0), vshrq_n_u8::<4>(x1))
+                }
+            };
+            (vreinterpretq_s8_u8(x0), vreinterpretq_s8_u8(x1))
+        }
+    }
+
+    /// NEON tile kernel, one block at a time; see [`super::tile`].
+    ///
+    /// Base NEON has no byte dot product (`sdot` is an optional extension), so products are
+    /// widened to 16 bits (`smull`/`smlal`: two products of at most 128·127 each fit) and
+    /// pairwise-added into 32 bits.
+    ///
+    /// # Safety
+    /// The slices must be as long as [`super::tile`] checks.
+    pub(super) unsafe fn tile_neon<const F: u8, const R: usize, const C: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        out: &mut [[f32; R]; C],
+    ) {
+        let nbp = w.nbp;
+        let kp = nbp * BLOCK;
+        let rb = if F == Q8 { kp } else { kp / 2 };
+        let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
+        let mut acc = [[0f32; R]; C];
+        for b in 0..nbp {
+            let zero = unsafe { vdupq_n_s8(0) };
+            let mut wv = [(zero, zero); R];
+            let (mut dw, mut mw) = ([0f32; R], [0f32; R]);
+            for r in 0..R {
+                // SAFETY: block b < nbp lies inside row r.
+                wv[r] = unsafe { load_block::<F>(wq.add(r * rb), b) };
+                dw[r] = w.d[r * nbp + b].to_f32();
+                mw[r] = match F {
+                    Q41 => w.m[r * nbp + b].to_f32(),
+                    Q40 => -8.0 * dw[r],
+                    _ => 0.0,
+                };
+            }
+            for c in 0..C {
+                // SAFETY: block b of activation row c.
+                let (a0, a1) = unsafe {
+                    let p = aq.add(c * kp + b * BLOCK);
+                    (vld1q_s8(p), vld1q_s8(p.add(16)))
+                };
+                let (da, sa) = (a.d[c * nbp + b], a.s[c * nbp + b]);
+                for r in 0..R {
+                    let (w0, w1) = wv[r];
+                    // SAFETY: register arithmetic only.
+                    let dot = unsafe {
+                        let s0 = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(a0)), w0, a0);
+                        let s1 = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(a1)), w1, a1);
+                        vaddvq_s32(vpadalq_s16(vpaddlq_s16(s0), s1))
+                    };
+                    acc[c][r] += dw[r] * da * dot as f32 + mw[r] * sa;
+                }
+            }
+        }
+        *out = acc;
     }
 }
 
@@ -741,5 +847,12 @@ mod tests {
     #[test]
     fn scalar_is_always_available() {
         assert_eq!(Isa::available().last(), Some(&Isa::Scalar));
+    }
+
+    /// What `kernels_match_f32_reference` checks besides scalar code on aarch64.
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn neon_is_available_on_aarch64() {
+        assert_eq!(Isa::available(), [Isa::Neon, Isa::Scalar]);
     }
 }

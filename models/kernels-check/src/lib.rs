@@ -1,0 +1,5 @@
+//! The kernels of `starling-models`, compiled alone; see `Cargo.toml`.
+#![allow(dead_code)]
+
+#[path = "../../src/arch/cpu/kernels.rs"]
+pub mod kernels;
