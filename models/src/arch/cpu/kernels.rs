@@ -209,6 +209,24 @@ const Q8: u8 = 0;
 const Q40: u8 = 1;
 const Q41: u8 = 2;
 
+/// [`Format::offset`] of a kernel's format constant.
+const fn offset(f: u8) -> f32 {
+    match f {
+        Q8 => 128.0,
+        Q40 => 8.0,
+        _ => 0.0,
+    }
+}
+
+/// [`Format::row_bytes`] of a kernel's format constant.
+const fn row_bytes(f: u8, kp: usize) -> usize {
+    if f == Q8 {
+        kp
+    } else {
+        kp / 2
+    }
+}
+
 /// The unsigned value `j` (0..32) of block `b` of a packed row.
 #[inline(always)]
 pub(crate) fn unpack(fmt: Format, row: &[u8], b: usize, j: usize) -> u8 {
@@ -229,7 +247,7 @@ pub(crate) fn unpack(fmt: Format, row: &[u8], b: usize, j: usize) -> u8 {
 mod arm {
     use std::arch::aarch64::*;
 
-    use super::{ActRows, WeightRows, BLOCK, Q40, Q41, Q8};
+    use super::{offset, row_bytes, ActRows, WeightRows, BLOCK, Q40, Q41, Q8};
 
     /// The 32 weights of block `b` of a row as signed bytes: Q8 turned back into `q`
     /// (`u ^ 0x80`, so the product already holds the `-128·d` bias), Q4 nibbles as they are.
@@ -273,7 +291,7 @@ mod arm {
     ) {
         let nbp = w.nbp;
         let kp = nbp * BLOCK;
-        let rb = if F == Q8 { kp } else { kp / 2 };
+        let rb = row_bytes(F, kp);
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
         let mut acc = [[0f32; R]; C];
         for b in 0..nbp {
@@ -284,9 +302,10 @@ mod arm {
                 // SAFETY: block b < nbp lies inside row r.
                 wv[r] = unsafe { load_block::<F>(wq.add(r * rb), b) };
                 dw[r] = w.d[r * nbp + b].to_f32();
+                // Q8's bias is inside its signed products.
                 mw[r] = match F {
                     Q41 => w.m[r * nbp + b].to_f32(),
-                    Q40 => -8.0 * dw[r],
+                    Q40 => -offset(F) * dw[r],
                     _ => 0.0,
                 };
             }
@@ -348,7 +367,7 @@ fn tile_scalar<const R: usize, const C: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{ActRows, WeightRows, BLOCK, Q40, Q41, Q8};
+    use super::{offset, row_bytes, ActRows, WeightRows, BLOCK, Q41, Q8};
 
     /// Lane `l` of entry `p` is the block index `2p + l/8` within a 16-block chunk.
     static PAIR_INDEX: [[i32; 16]; 8] = {
@@ -364,22 +383,6 @@ mod x86 {
         }
         t
     };
-
-    const fn offset(f: u8) -> f32 {
-        match f {
-            Q8 => 128.0,
-            Q40 => 8.0,
-            _ => 0.0,
-        }
-    }
-
-    const fn row_bytes(f: u8, kp: usize) -> usize {
-        if f == Q8 {
-            kp
-        } else {
-            kp / 2
-        }
-    }
 
     /// The 64 unsigned values of pair `p` of a row, as bytes.
     #[inline(always)]
@@ -513,29 +516,13 @@ mod x86 {
         let rb = row_bytes(F, kp);
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
         let ones = _mm256_set1_epi16(1);
-        let low = _mm256_set1_epi8(0x0F);
-        let flip = _mm256_set1_epi8(-128);
         let mut acc = [[_mm256_setzero_ps(); R]; C];
         for b in 0..nbp {
-            let p = b / 2;
             let mut wv = [_mm256_setzero_si256(); R];
             let mut dw = [0f32; R];
             for r in 0..R {
                 // SAFETY: block b < nbp lies inside row r.
-                let x = unsafe {
-                    if F == Q8 {
-                        _mm256_loadu_si256(wq.add(r * rb + b * BLOCK) as *const _)
-                    } else {
-                        _mm256_loadu_si256(wq.add(r * rb + p * BLOCK) as *const _)
-                    }
-                };
-                wv[r] = if F == Q8 {
-                    _mm256_xor_si256(x, flip)
-                } else if b % 2 == 0 {
-                    _mm256_and_si256(x, low)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x), low)
-                };
+                wv[r] = unsafe { load_block::<F>(wq.add(r * rb), b) };
                 dw[r] = w.d[r * nbp + b].to_f32();
             }
             for c in 0..C {
