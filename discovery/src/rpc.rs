@@ -4,6 +4,12 @@
 //! Back-pressure: each connection has a bounded number of outgoing requests
 //! in flight (callers wait for a slot), and QUIC limits the number of streams
 //! a peer may open towards us.
+//!
+//! Cancellation: a caller that gives up on a request (its call future is
+//! dropped: aborted, timed out) drops the stream, and QUIC tells the server
+//! (`STOP_SENDING`); a lost connection tells it too. The server then drops the
+//! handler's future, so the work the request started stops with it (a model's
+//! generation, an external agent's process, a sub-team the handler hosts).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -145,7 +151,17 @@ impl Router {
                         method: req.method,
                         body: Bytes::from(req.body),
                     };
-                    match h.handle(request).await {
+                    // Completes only when the caller stops the stream or the
+                    // connection is lost: this side has not finished it yet.
+                    let abandoned = send.stopped();
+                    let outcome = tokio::select! {
+                        r = h.handle(request) => r,
+                        _ = abandoned => {
+                            tracing::debug!(peer = %from.short(), "caller gave up: request dropped");
+                            return Ok(());
+                        }
+                    };
+                    match outcome {
                         Ok(body) => RpcResponse::Ok(body),
                         Err(e) => RpcResponse::Err {
                             code: e.code,

@@ -273,6 +273,94 @@ async fn rpc_fan_out_errors_and_timeouts() {
     }
 }
 
+/// Sends on `tx` when dropped: tells the test that a handler's future was dropped.
+struct DropSignal(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for DropSignal {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_its_caller_gives_up_on_stops_the_handler() {
+    let secret = SwarmSecret::generate();
+    let d = dirs(2);
+    let nodes = cluster(2, &secret, &d).await;
+    // Each call to `hold` says when it starts and when its future is dropped; it never
+    // finishes by itself.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (dropped_tx, mut dropped) = tokio::sync::mpsc::unbounded_channel::<()>();
+    nodes[1].register_handler("work", move |_req: starling_discovery::Request| {
+        let started_tx = started_tx.clone();
+        let dropped_tx = dropped_tx.clone();
+        async move {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _guard = DropSignal(Some(tx));
+            let forward = tokio::spawn(async move {
+                if rx.await.is_ok() {
+                    let _ = dropped_tx.send(());
+                }
+            });
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await;
+            drop(forward);
+            Ok(vec![])
+        }
+    });
+    let a = nodes[0].clone();
+    let b = nodes[1].node_id();
+    let within = Duration::from_secs(5);
+
+    // The caller's future is aborted (as when a task is cancelled).
+    let call = tokio::spawn({
+        let a = a.clone();
+        async move {
+            a.call_with_timeout(b, "work", "hold", vec![], Duration::from_secs(60))
+                .await
+        }
+    });
+    tokio::time::timeout(within, started.recv())
+        .await
+        .expect("handler started");
+    call.abort();
+    tokio::time::timeout(within, dropped.recv())
+        .await
+        .expect("the handler is dropped when its caller aborts the call");
+
+    // The caller's own timeout ends the work too.
+    let r = a
+        .call_with_timeout(b, "work", "hold", vec![], Duration::from_millis(300))
+        .await;
+    assert!(matches!(r, Err(CallError::Timeout)), "{r:?}");
+    tokio::time::timeout(within, started.recv())
+        .await
+        .expect("handler started");
+    tokio::time::timeout(within, dropped.recv())
+        .await
+        .expect("the handler is dropped when its caller times out");
+
+    // The caller's node goes away.
+    let call = tokio::spawn({
+        let a = a.clone();
+        async move {
+            a.call_with_timeout(b, "work", "hold", vec![], Duration::from_secs(60))
+                .await
+        }
+    });
+    tokio::time::timeout(within, started.recv())
+        .await
+        .expect("handler started");
+    nodes[0].shutdown().await;
+    tokio::time::timeout(Duration::from_secs(30), dropped.recv())
+        .await
+        .expect("the handler is dropped when its caller's node leaves");
+    call.abort();
+    nodes[1].shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_replicate_and_converge_after_partition() {
     let secret = SwarmSecret::generate();

@@ -160,3 +160,98 @@ async fn a_third_party_agent_is_recruited_and_quoted_verbatim() {
     assert_eq!(sent[1]["description"], q);
     drop(basil);
 }
+
+/// Whether process `pid` is still running (a zombie waiting to be reaped is not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+        .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_task_stops_the_members_work_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let models = SharedModels {
+        chat: support::tiny_chat_model(d),
+        aliases: vec![],
+        embedder: Some(
+            EmbedHandle::spawn(
+                BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
+            )
+            .unwrap(),
+        ),
+    };
+    let secret = starling_discovery::SwarmSecret::generate().to_string();
+    let mut c = support::loopback_config(d, "ada", &secret, None);
+    c.agent.description = "Coordinates the station's questions.".into();
+    let ada = support::start(c, &models).await;
+
+    // dora's agent says it started (its pid) and then works far longer than the test.
+    let pid_file = d.join("agent.pid");
+    let slow = format!(
+        "import os, sys, time\n\
+         sys.stdin.read()\n\
+         open({pid:?}, 'w').write(str(os.getpid()))\n\
+         time.sleep(300)\n",
+        pid = pid_file.to_string_lossy()
+    );
+    let mut c = support::loopback_config(d, "dora", &secret, Some(&ada));
+    c.agent.external.push(ExternalAgentConfig {
+        name: "station_notes".into(),
+        description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
+        skills: vec!["greenhouse filters".into()],
+        command: Some(vec!["python3".into(), "-c".into(), slow]),
+        url: None,
+        a2a: None,
+        timeout_secs: 600,
+        max_output_bytes: 64 * 1024,
+    });
+    c.agent.executor = "external:station_notes".into();
+    let dora = support::start(c, &models).await;
+    let start = Instant::now();
+    while ada.agent.known_cards().len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "cards not learned"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The task reaches dora's agent; then the user cancels it on ada (as `DELETE
+    // /api/tasks/{id}` does: the task's future is aborted).
+    let agent = ada.agent.clone();
+    let task = tokio::spawn(async move {
+        agent
+            .submit("When is the next air filter change due in the north greenhouse?")
+            .await
+    });
+    let start = Instant::now();
+    let pid: u32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the task never reached dora's agent"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(running(pid));
+    task.abort();
+    let start = Instant::now();
+    while running(pid) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "dora's agent still works on a cancelled task"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(dora);
+}

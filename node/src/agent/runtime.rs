@@ -1252,6 +1252,12 @@ impl Agent {
             members: member_names,
         });
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Input>();
+        // The group's calls to its members (turns, tasks) and its message deliveries, owned
+        // here: when the group ends or is cancelled they are dropped, and a dropped call
+        // stops the member's work on it (the RPC layer tells the member).
+        let mut calls: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
+        let mut task_calls: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
+        let mut deliveries: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
         let mut peer_events = self.0.swarm.events();
         let mut conclusion = None;
         let mut opening_done = false;
@@ -1315,7 +1321,7 @@ impl Agent {
                         let a = self.clone();
                         let tx = tx.clone();
                         let timeout = Duration::from_millis(chat.config().turn_timeout_ms);
-                        tokio::spawn(async move {
+                        calls.spawn(async move {
                             match a.ask_speaker(&member, &req, timeout).await {
                                 Ok(decision) => {
                                     let _ = tx.send(Input::Decision {
@@ -1336,7 +1342,7 @@ impl Agent {
                         });
                     }
                     Effect::Broadcast(message) => {
-                        self.deliver(&chat, &goal, message).await;
+                        self.deliver(&chat, &goal, message, &mut deliveries).await;
                     }
                     Effect::RunTask {
                         task,
@@ -1363,7 +1369,8 @@ impl Agent {
                         let tx = tx.clone();
                         let timeout = Duration::from_millis(chat.config().task_timeout_ms);
                         let inq = inquiry.clone();
-                        tokio::spawn(async move {
+                        let task_id = task.id.clone();
+                        let call = calls.spawn(async move {
                             let reply = a.run_remote_task(&task.assignee, &req, timeout).await;
                             let agent_step = inq
                                 .as_ref()
@@ -1415,8 +1422,13 @@ impl Agent {
                                 result,
                             });
                         });
+                        task_calls.insert(task_id, call);
                     }
                     Effect::CancelTask { task_id, .. } => {
+                        // Dropping the call stops the assignee's work on it.
+                        if let Some(call) = task_calls.remove(&task_id) {
+                            call.abort();
+                        }
                         tracing::debug!(group = %group_id, task = %task_id, "task cancelled");
                     }
                     Effect::TurnLost { member, reason } => {
@@ -1474,6 +1486,9 @@ impl Agent {
                         }
                     }
                 }
+                // The conclusion (and any message before it) reaches the members before the
+                // group's calls are dropped; each delivery is bounded by the RPC timeout.
+                while deliveries.join_next().await.is_some() {}
                 self.emit(AgentEvent::Concluded {
                     group_id: group_id.clone(),
                     conclusion: full.clone(),
@@ -1507,6 +1522,8 @@ impl Agent {
                 biased;
                 _ = self.0.cancel.cancelled() => return Err(AgentError::Other("the node is shutting down".into())),
                 i = rx.recv() => match i { Some(i) => i, None => continue },
+                Some(_) = calls.join_next(), if !calls.is_empty() => continue,
+                Some(_) = deliveries.join_next(), if !deliveries.is_empty() => continue,
                 ev = peer_events.recv() => match ev {
                     Ok(SwarmEvent::PeerDown(id)) => {
                         let id = id.to_string();
@@ -1534,7 +1551,13 @@ impl Agent {
         }
     }
 
-    async fn deliver(&self, chat: &GroupChat, goal: &str, message: Message) {
+    async fn deliver(
+        &self,
+        chat: &GroupChat,
+        goal: &str,
+        message: Message,
+        deliveries: &mut tokio::task::JoinSet<()>,
+    ) {
         let sender_name = self.name_of(&message.sender);
         let note = MessageNote {
             goal: goal.to_owned(),
@@ -1553,7 +1576,7 @@ impl Agent {
                 .fetch_add(others.len() as u64, std::sync::atomic::Ordering::Relaxed);
             let body = serde_json::to_vec(&note).unwrap_or_default();
             let swarm = self.0.swarm.clone();
-            tokio::spawn(async move {
+            deliveries.spawn(async move {
                 for (peer, r) in swarm.fan_out(&others, SERVICE, "message", body).await {
                     if let Err(e) = r {
                         tracing::debug!(peer = %peer.short(), error = %e, "message not delivered");
@@ -1992,7 +2015,16 @@ impl Agent {
                     assignee: self.0.name.clone(),
                     state: TaskState::Running,
                 });
+                // Dropped with the request when the host gives up on it (the group concluded
+                // or was cancelled, the task timed out, the host left): the work stops and
+                // watchers see the task cancelled here.
+                let mut unfinished = Unfinished {
+                    agent: Some(self.clone()),
+                    group_id: r.group_id.clone(),
+                    task_id: r.task.id.clone(),
+                };
                 let reply = self.do_task(&r).await;
+                unfinished.agent = None;
                 tracing::info!(from = %req.from.short(), task = %r.task.id, ok = reply.ok, "task done");
                 serde_json::to_vec(&reply).map_err(|e| rpc_err(RpcErrorCode::Internal, e))
             }
@@ -2045,6 +2077,28 @@ impl Agent {
                 RpcErrorCode::UnknownMethod,
                 format!("unknown method {other}"),
             )),
+        }
+    }
+}
+
+/// A member's task in progress; dropped before it finishes (the host dropped the request),
+/// it reports the task cancelled.
+struct Unfinished {
+    agent: Option<Agent>,
+    group_id: String,
+    task_id: String,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(a) = self.agent.take() {
+            tracing::info!(group = %self.group_id, task = %self.task_id, "task cancelled by its host");
+            a.emit(AgentEvent::TaskState {
+                group_id: std::mem::take(&mut self.group_id),
+                task_id: std::mem::take(&mut self.task_id),
+                assignee: a.0.name.clone(),
+                state: TaskState::Cancelled,
+            });
         }
     }
 }

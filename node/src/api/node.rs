@@ -277,8 +277,8 @@ async fn list_tasks(State(s): State<NodeApi>) -> Json<Vec<TaskView>> {
     Json(s.tasks.list())
 }
 
-/// `DELETE /api/tasks/{id}`: cancels a running task. Its work on this node stops at once;
-/// members already working on a sub-question finish it (their answers are dropped).
+/// `DELETE /api/tasks/{id}`: cancels a running task. Its work on this node stops at once,
+/// and so does the members' work on its sub-questions (their calls are dropped).
 async fn cancel_task(
     State(s): State<NodeApi>,
     ApiPath(id): ApiPath<String>,
