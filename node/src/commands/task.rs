@@ -4,13 +4,15 @@
 use std::collections::HashSet;
 use std::io::Write;
 
-use anyhow::Context;
 use clap::Args;
+use eventsource_stream::Eventsource;
+use futures::{Stream, StreamExt};
 
 use super::client::NodeAddr;
 use crate::agent::chat::{LostTurnReason, MessageType};
-use crate::agent::runtime::AgentEvent;
+use crate::agent::runtime::{AgentEvent, TaskResult};
 use crate::api::node::{SubmitTask, Submitted};
+use crate::api::tasks::{TaskState, TaskView};
 
 /// Arguments of `starling task`.
 #[derive(Debug, Args)]
@@ -201,7 +203,7 @@ pub fn run(args: TaskArgs, chat: bool) -> anyhow::Result<()> {
     super::block_on(async move {
         // Subscribe first so no event is missed.
         let client = args.node.client()?;
-        let mut events = client
+        let events = client
             .get(format!("http://{}/api/events", args.node.api))
             .send()
             .await
@@ -221,29 +223,101 @@ pub fn run(args: TaskArgs, chat: bool) -> anyhow::Result<()> {
                 },
             )
             .await?;
-        let mut f = Follower::new(sub.group_id, args.json, chat);
-        let mut buf = String::new();
-        while let Some(chunk) = events.chunk().await.context("event stream broke")? {
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = buf.find("\n\n") {
-                let block: String = buf.drain(..end + 2).collect();
-                for line in block.lines() {
-                    let Some(data) = line.strip_prefix("data:") else {
-                        continue;
-                    };
-                    let Ok(ev) = serde_json::from_str::<AgentEvent>(data.trim()) else {
-                        continue;
-                    };
-                    match f.on(&ev) {
-                        Step::More => {}
-                        Step::Done(_) => return Ok(()),
-                        Step::Failed(e) => anyhow::bail!("the task failed: {e}"),
-                    }
+        let mut f = Follower::new(sub.group_id.clone(), args.json, chat);
+        let mut incoming = std::pin::pin!(decode_events(events.bytes_stream()));
+        while let Some(item) = incoming.next().await {
+            let step = match item? {
+                Incoming::Event(ev) => f.on(&ev),
+                // The node dropped events this client was too slow for; the conclusion may
+                // be among them: ask for the task itself.
+                Incoming::Lagged(missed) => {
+                    tracing::debug!(missed, "events missed; asking the node for the task");
+                    outcome(&args.node, &mut f, &sub.group_id).await?
                 }
+            };
+            match step {
+                Step::More => {}
+                Step::Done(_) => return Ok(()),
+                Step::Failed(e) => anyhow::bail!("the task failed: {e}"),
             }
+        }
+        // The stream ended (the node stopping, a proxy timing out): the task may have
+        // ended before it did.
+        match outcome(&args.node, &mut f, &sub.group_id).await? {
+            Step::Done(_) => return Ok(()),
+            Step::Failed(e) => anyhow::bail!("the task failed: {e}"),
+            Step::More => {}
         }
         anyhow::bail!("the node closed the event stream before the task concluded")
     })?
+}
+
+/// One item of a node's event stream (`GET /api/events`), decoded.
+#[derive(Debug)]
+pub enum Incoming {
+    /// An agent event.
+    Event(Box<AgentEvent>),
+    /// The node dropped this many events for this subscriber, which fell behind.
+    Lagged(u64),
+}
+
+/// Decodes `GET /api/events`: server-sent events whose data is one JSON [`AgentEvent`],
+/// and `lagged` when the node dropped some. Events this version does not know are skipped;
+/// a broken stream is an error.
+pub fn decode_events<S, B, E>(bytes: S) -> impl Stream<Item = anyhow::Result<Incoming>>
+where
+    S: Stream<Item = Result<B, E>>,
+    B: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
+    bytes.eventsource().filter_map(|item| async move {
+        match item {
+            Err(e) => Some(Err(anyhow::anyhow!("the event stream broke: {e}"))),
+            Ok(ev) if ev.event == "lagged" => {
+                let missed = serde_json::from_str::<serde_json::Value>(&ev.data)
+                    .ok()
+                    .and_then(|v| v["missed"].as_u64())
+                    .unwrap_or(0);
+                Some(Ok(Incoming::Lagged(missed)))
+            }
+            Ok(ev) => serde_json::from_str::<AgentEvent>(&ev.data)
+                .ok()
+                .map(|e| Ok(Incoming::Event(Box::new(e)))),
+        }
+    })
+}
+
+/// Where task `id` stands, asked of the node (`GET /api/tasks/{id}`): a finished task is
+/// printed as its conclusion event would have been.
+async fn outcome(node: &NodeAddr, f: &mut Follower, id: &str) -> anyhow::Result<Step> {
+    let v: serde_json::Value = node.get(&format!("/api/tasks/{id}")).await?;
+    Ok(task_outcome(f, v))
+}
+
+/// What `GET /api/tasks/{id}`'s body `v` means for the follower `f`.
+fn task_outcome(f: &mut Follower, v: serde_json::Value) -> Step {
+    if v.get("answer").is_some() {
+        return match serde_json::from_value::<TaskResult>(v) {
+            Ok(r) => f.on(&AgentEvent::Concluded {
+                group_id: r.group_id,
+                conclusion: r.conclusion,
+                answer: r.answer,
+                citations: r.citations,
+                status: r.status,
+            }),
+            Err(e) => Step::Failed(format!("the node's task result is not understood: {e}")),
+        };
+    }
+    match serde_json::from_value::<TaskView>(v) {
+        Ok(t) if t.state == TaskState::Running => Step::More,
+        Ok(t) => Step::Failed(t.error.unwrap_or_else(|| {
+            serde_json::to_value(t.state)
+                .ok()
+                .and_then(|s| s.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        })),
+        Err(e) => Step::Failed(format!("the node's task view is not understood: {e}")),
+    }
 }
 
 /// Arguments of `starling reply`.
@@ -301,4 +375,93 @@ pub fn reply(args: ReplyArgs) -> anyhow::Result<()> {
             }
         }
     })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::grounded::AnswerStatus;
+
+    fn decode_all(chunks: Vec<Vec<u8>>) -> Vec<Incoming> {
+        let bytes = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+        futures::executor::block_on(decode_events(bytes).collect::<Vec<_>>())
+            .into_iter()
+            .map(|r| r.expect("decoded"))
+            .collect()
+    }
+
+    #[test]
+    fn a_character_split_between_chunks_arrives_whole() {
+        let ev = AgentEvent::TaskFailed {
+            group_id: "g1".into(),
+            error: "Zoë's café: 5 °C – ✓".into(),
+        };
+        let wire = format!(
+            "event: task_failed\ndata: {}\n\n",
+            serde_json::to_string(&ev).unwrap()
+        )
+        .into_bytes();
+        // Cut inside every multi-byte character in turn.
+        let cuts: Vec<usize> = (1..wire.len())
+            .filter(|&i| (wire[i] & 0xC0) == 0x80)
+            .collect();
+        assert!(cuts.len() >= 4);
+        for cut in cuts {
+            let got = decode_all(vec![wire[..cut].to_vec(), wire[cut..].to_vec()]);
+            match got.as_slice() {
+                [Incoming::Event(ev)] => match ev.as_ref() {
+                    AgentEvent::TaskFailed { error, .. } => {
+                        assert_eq!(error, "Zoë's café: 5 °C – ✓", "cut at {cut}")
+                    }
+                    other => panic!("cut at {cut}: {other:?}"),
+                },
+                other => panic!("cut at {cut}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn lagged_is_reported_and_unknown_events_are_skipped() {
+        let got = decode_all(vec![
+            b"event: lagged\ndata: {\"event\":\"lagged\",\"missed\":17}\n\n".to_vec(),
+            b"event: from_the_future\ndata: {\"event\":\"from_the_future\"}\n\n: keep-alive\n\n"
+                .to_vec(),
+        ]);
+        assert!(matches!(got.as_slice(), [Incoming::Lagged(17)]), "{got:?}");
+    }
+
+    #[test]
+    fn a_task_asked_for_after_lost_events_ends_the_follow_as_its_state_says() {
+        let mut f = Follower::new("g1".into(), true, false);
+        let done = serde_json::to_value(TaskResult {
+            group_id: "g1".into(),
+            members: vec!["basil".into()],
+            answer: "24 degrees".into(),
+            citations: Vec::new(),
+            status: AnswerStatus::Answered,
+            conclusion: String::new(),
+            turns: 2,
+            tokens: 0,
+        })
+        .unwrap();
+        assert!(matches!(task_outcome(&mut f, done), Step::Done(a) if a == "24 degrees"));
+        let view = |state: &str, error: Option<&str>| {
+            serde_json::json!({
+                "group_id": "g1", "task": "t", "state": state,
+                "submitted_at": 1, "ended_at": null, "error": error
+            })
+        };
+        assert!(matches!(
+            task_outcome(&mut f, view("running", None)),
+            Step::More
+        ));
+        assert!(matches!(
+            task_outcome(&mut f, view("cancelled", None)),
+            Step::Failed(e) if e == "cancelled"
+        ));
+        assert!(matches!(
+            task_outcome(&mut f, view("failed", Some("no model"))),
+            Step::Failed(e) if e == "no model"
+        ));
+    }
 }
