@@ -7,24 +7,16 @@
 use std::path::Path;
 
 use starling_node::agent::grounded::{
-    self, document_units, Inquiry, Next, NodeHit, PlanStep, Planner, SubQuestion, Unit,
+    self, Inquiry, Next, NodeHit, PlanStep, Planner, SubQuestion, Unit,
 };
 use starling_node::commands::eval_swarm_qa::{
     load_scenarios, score_answer, Scenario, ScenarioNode,
 };
 
-/// A node's units in the order a node reads them: its documents by file name, as the
-/// runtime's document index lists its folder.
+/// A node's units in the order a node reads them (`GROUNDED_REVERSE`: the other order, to
+/// find answers that depend on reading order).
 fn units_of(n: &ScenarioNode) -> Vec<Unit> {
-    let mut docs: Vec<_> = n.documents.iter().collect();
-    docs.sort_by(|a, b| a.name.cmp(&b.name));
-    // GROUNDED_REVERSE: the other order, to find answers that depend on reading order.
-    if std::env::var_os("GROUNDED_REVERSE").is_some() {
-        docs.reverse();
-    }
-    docs.iter()
-        .flat_map(|d| document_units(&d.name, &d.text))
-        .collect()
+    n.units(std::env::var_os("GROUNDED_REVERSE").is_some())
 }
 
 fn probe(nodes: &[(String, Vec<Unit>)], subs: &[SubQuestion]) -> Vec<Vec<NodeHit>> {

@@ -151,6 +151,22 @@ pub struct ScenarioNode {
     pub documents: Vec<ScenarioDocument>,
 }
 
+impl ScenarioNode {
+    /// Its documents' evidence units in the order a node reads them: documents by file
+    /// name, as the runtime's document index lists its folder (`reverse`: the other order,
+    /// to find answers that depend on reading order).
+    pub fn units(&self, reverse: bool) -> Vec<crate::agent::grounded::Unit> {
+        let mut docs: Vec<_> = self.documents.iter().collect();
+        docs.sort_by(|a, b| a.name.cmp(&b.name));
+        if reverse {
+            docs.reverse();
+        }
+        docs.iter()
+            .flat_map(|d| crate::agent::grounded::document_units(&d.name, &d.text))
+            .collect()
+    }
+}
+
 /// One scenario (one line of the benchmark file). Unknown fields are ignored.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct Scenario {

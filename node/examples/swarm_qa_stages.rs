@@ -1,0 +1,221 @@
+//! Where the grounded pipeline loses answers, in counts only, so that scenario sets kept
+//! unread stay unread. For every answer part of an answerable, non-calc scenario, pooling
+//! every node's evidence units:
+//!
+//! - whether some unit quotes one of the part's aliases at all;
+//! - the best rank such a unit gets for any of the question's sub-questions under the
+//!   pipeline's lexical `locate`, and whether the span copied from it holds the alias;
+//! - the same rank under cosine of all-MiniLM-L6-v2 embeddings alone, and under the lexical
+//!   score plus `--dense-weight` times the cosine;
+//! - with `--choice`: whether the 135M chat model, shown the lexical top four units and
+//!   asked which one answers (a constrained one-letter choice), picks the quoting unit more
+//!   often than the lexical order does.
+//!
+//! ```text
+//! cargo run --release -p starling-node --example swarm_qa_stages -- [--choice] [--dense-weight W] FILE...
+//! ```
+//!
+//! Results and what they mean for the design: `benches/swarm_qa/README.md`.
+
+use std::path::PathBuf;
+
+use starling_models::chat::ChatMessage;
+use starling_models::constraint::Constraint;
+use starling_models::embed::{BertEmbedder, Embedder};
+use starling_models::engine::{Chunk, Engine, EngineConfig, GenerateRequest};
+use starling_node::agent::grounded::{self, SubQuestion, Unit};
+use starling_node::commands::eval_swarm_qa::{load_scenarios, Scenario};
+
+/// An answer part: its aliases, matched case-insensitively.
+struct Part<'a>(&'a [String]);
+
+impl Part<'_> {
+    fn quoted_in(&self, text: &str) -> bool {
+        let t = text.to_lowercase();
+        self.0.iter().any(|a| t.contains(&a.to_lowercase()))
+    }
+}
+
+/// Counts of best ranks: first, second or third, fourth to tenth, lower or nowhere.
+#[derive(Default)]
+struct Ranks([usize; 4]);
+
+impl Ranks {
+    fn add(&mut self, rank: Option<usize>) {
+        let b = match rank {
+            Some(0) => 0,
+            Some(1..=2) => 1,
+            Some(3..=9) => 2,
+            _ => 3,
+        };
+        self.0[b] += 1;
+    }
+}
+
+impl std::fmt::Display for Ranks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, d] = self.0;
+        write!(f, "r1 {a:>2}  r2-3 {b:>2}  r4-10 {c:>2}  lower {d:>2}")
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The rank of the first unit quoting `part` when units are ordered by `score`, best first.
+fn rank_by(units: &[Unit], part: &Part, score: &[f32]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..units.len()).collect();
+    order.sort_by(|&a, &b| score[b].total_cmp(&score[a]));
+    order.iter().position(|&i| part.quoted_in(&units[i].text))
+}
+
+/// The model's choice among the lexical top four for `sub`: (index of the quoting unit,
+/// index chosen), when a quoting unit is among them.
+fn model_choice(
+    engine: &Engine,
+    sub: &SubQuestion,
+    units: &[Unit],
+    part: &Part,
+) -> anyhow::Result<Option<(usize, usize)>> {
+    const LETTERS: [&str; 4] = ["A", "B", "C", "D"];
+    let found = grounded::locate(sub, units, LETTERS.len());
+    let Some(right) = found.iter().position(|l| part.quoted_in(&l.unit.text)) else {
+        return Ok(None);
+    };
+    let mut prompt = format!("Question: {}\n\n", sub.text);
+    for (letter, l) in LETTERS.iter().zip(&found) {
+        prompt.push_str(&format!("{letter}. {}\n", l.unit.text));
+    }
+    prompt.push_str("\nWhich passage answers the question? Answer with its letter.");
+    let mut req = GenerateRequest::chat(vec![ChatMessage::user(prompt)]);
+    req.max_tokens = 1;
+    req.constraint = Some(Constraint::Regex(format!(
+        "[A-{}]",
+        LETTERS[found.len() - 1]
+    )));
+    req.logprobs = Some(LETTERS.len());
+    let mut g = engine.generate(req)?;
+    while let Some(chunk) = g.blocking_next() {
+        if let Chunk::Logprob(lp) = chunk? {
+            if let Some(p) = LETTERS.iter().position(|x| *x == lp.chosen.token.trim()) {
+                return Ok(Some((right, p)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut files = Vec::new();
+    let mut choice = false;
+    let mut weight = 0.5f32;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--choice" => choice = true,
+            "--dense-weight" => {
+                weight = args
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("--dense-weight needs a value"))?
+                    .parse()?
+            }
+            _ => files.push(PathBuf::from(a)),
+        }
+    }
+    anyhow::ensure!(!files.is_empty(), "name one or more scenario files");
+    let embedder = BertEmbedder::load(starling_models::testing::embedding_model())?;
+    let engine = if choice {
+        Some(Engine::load(
+            &starling_models::testing::chat_model(),
+            &EngineConfig::default(),
+        )?)
+    } else {
+        None
+    };
+    for path in &files {
+        let scenarios: Vec<Scenario> = load_scenarios(path)?;
+        let (mut unquoted, mut span_wrong) = (0, 0);
+        let (mut lexical, mut dense, mut hybrid) =
+            (Ranks::default(), Ranks::default(), Ranks::default());
+        let (mut asked, mut lexical_first, mut model_right, mut picks) = (0, 0, 0, [0usize; 4]);
+        for s in &scenarios {
+            if s.tier == "calc" || s.tier == "unanswerable" {
+                continue;
+            }
+            let units: Vec<Unit> = s.nodes.iter().flat_map(|n| n.units(false)).collect();
+            let texts: Vec<String> = units
+                .iter()
+                .map(|u| format!("{} {}", u.heading, u.text))
+                .collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let unit_vectors = embedder.embed(&refs)?;
+            let subs = grounded::decompose(&s.question);
+            let sub_texts: Vec<&str> = subs.iter().map(|s| s.text.as_str()).collect();
+            let sub_vectors = embedder.embed(&sub_texts)?;
+            for aliases in &s.answer_parts {
+                let part = Part(aliases);
+                if !units.iter().any(|u| part.quoted_in(&u.text)) {
+                    unquoted += 1;
+                    continue;
+                }
+                // Best over the sub-questions: (rank, span holds the alias).
+                let mut best_lex: Option<(usize, bool)> = None;
+                let (mut best_dense, mut best_hybrid): (Option<usize>, Option<usize>) =
+                    (None, None);
+                for (sub, q) in subs.iter().zip(&sub_vectors) {
+                    let found = grounded::locate(sub, &units, 10);
+                    if let Some(r) = found.iter().position(|l| part.quoted_in(&l.unit.text)) {
+                        let ok = found[r].span.as_deref().is_some_and(|x| part.quoted_in(x));
+                        if best_lex.is_none_or(|(br, bok)| r < br || (r == br && ok && !bok)) {
+                            best_lex = Some((r, ok));
+                        }
+                    }
+                    let cos: Vec<f32> = unit_vectors.iter().map(|v| dot(v, q)).collect();
+                    let r = rank_by(&units, &part, &cos);
+                    best_dense = best_dense.into_iter().chain(r).min();
+                    let mixed: Vec<f32> = units
+                        .iter()
+                        .zip(&cos)
+                        .map(|(u, c)| grounded::score_unit(sub, u).unwrap_or(0.0) + weight * c)
+                        .collect();
+                    let r = rank_by(&units, &part, &mixed);
+                    best_hybrid = best_hybrid.into_iter().chain(r).min();
+                }
+                if best_lex == Some((0, false)) {
+                    span_wrong += 1;
+                }
+                lexical.add(best_lex.map(|(r, _)| r));
+                dense.add(best_dense);
+                hybrid.add(best_hybrid);
+                if let Some(engine) = &engine {
+                    let best = subs
+                        .iter()
+                        .filter_map(|sub| model_choice(engine, sub, &units, &part).transpose())
+                        .collect::<anyhow::Result<Vec<_>>>()?
+                        .into_iter()
+                        .min_by_key(|(right, _)| *right);
+                    if let Some((right, pick)) = best {
+                        asked += 1;
+                        lexical_first += usize::from(right == 0);
+                        model_right += usize::from(pick == right);
+                        picks[pick] += 1;
+                    }
+                }
+            }
+        }
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        println!("{name}: no unit quotes the answer {unquoted}");
+        println!(
+            "  lexical locate  {lexical}  (first, but the span copied misses it: {span_wrong})"
+        );
+        println!("  cosine alone    {dense}");
+        println!("  lexical + {weight} cosine  {hybrid}");
+        if engine.is_some() {
+            println!(
+                "  choice among the lexical top 4 ({asked} parts): lexical first right {lexical_first}, model right {model_right}, model's picks by position {picks:?}"
+            );
+        }
+    }
+    Ok(())
+}
