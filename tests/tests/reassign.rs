@@ -78,7 +78,9 @@ async fn a_failed_member_s_sub_question_goes_to_another_holder() {
     .await;
     let t = Instant::now();
     while ada.agent.known_cards().len() < 3 {
-        assert!(t.elapsed() < Duration::from_secs(20), "cards not exchanged");
+        // A card the exchange on connect misses comes with the next periodic sync (every
+        // 30 s); a 20 s wait ran out once in a full test run on a 2-core machine.
+        assert!(t.elapsed() < Duration::from_secs(60), "cards not exchanged");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut events = ada.agent.events();
