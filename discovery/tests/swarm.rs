@@ -284,6 +284,24 @@ impl Drop for DropSignal {
     }
 }
 
+/// Starts a long `work/hold` call from `a` to `b` in the background and returns it once its
+/// handler runs.
+async fn hold(
+    a: &Swarm,
+    b: NodeId,
+    started: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+) -> tokio::task::JoinHandle<Result<Vec<u8>, CallError>> {
+    let a = a.clone();
+    let call = tokio::spawn(async move {
+        a.call_with_timeout(b, "work", "hold", vec![], Duration::from_secs(60))
+            .await
+    });
+    tokio::time::timeout(Duration::from_secs(5), started.recv())
+        .await
+        .expect("handler started");
+    call
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_its_caller_gives_up_on_stops_the_handler() {
     let secret = SwarmSecret::generate();
@@ -315,16 +333,7 @@ async fn a_call_its_caller_gives_up_on_stops_the_handler() {
     let within = Duration::from_secs(5);
 
     // The caller's future is aborted (as when a task is cancelled).
-    let call = tokio::spawn({
-        let a = a.clone();
-        async move {
-            a.call_with_timeout(b, "work", "hold", vec![], Duration::from_secs(60))
-                .await
-        }
-    });
-    tokio::time::timeout(within, started.recv())
-        .await
-        .expect("handler started");
+    let call = hold(&a, b, &mut started).await;
     call.abort();
     tokio::time::timeout(within, dropped.recv())
         .await
@@ -343,16 +352,7 @@ async fn a_call_its_caller_gives_up_on_stops_the_handler() {
         .expect("the handler is dropped when its caller times out");
 
     // The caller's node goes away.
-    let call = tokio::spawn({
-        let a = a.clone();
-        async move {
-            a.call_with_timeout(b, "work", "hold", vec![], Duration::from_secs(60))
-                .await
-        }
-    });
-    tokio::time::timeout(within, started.recv())
-        .await
-        .expect("handler started");
+    let call = hold(&a, b, &mut started).await;
     nodes[0].shutdown().await;
     tokio::time::timeout(Duration::from_secs(30), dropped.recv())
         .await
