@@ -417,6 +417,31 @@ fn node_api_answers(api: SocketAddr, other_model: &Path) {
             state["state"] == "cancelled" || state["answer"].is_string(),
             "{state}"
         );
+        // A task this node answers alone is a concluded group of one.
+        let done: Value = post("/api/tasks", r#"{"task": "Say hello.", "wait": true}"#)
+            .await
+            .expect("submit")
+            .json()
+            .await
+            .expect("json");
+        let id = done["group_id"].as_str().expect("group id");
+        let g: Value = get(&format!("/api/groups/{id}"))
+            .await
+            .expect("group")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(g["group"]["state"], "conclusion", "{g}");
+        assert_eq!(g["group"]["goal"], "Say hello.", "{g}");
+        assert_eq!(
+            g["group"]["details"]["members"].as_array().map(Vec::len),
+            Some(1),
+            "{g}"
+        );
+        assert_eq!(
+            g["group"]["details"]["conclusion"], done["answer"],
+            "{g} {done}"
+        );
         // Switching the active model: a bad one is refused and the old one stays.
         let put = |body: String| {
             c.put(format!("{base}/api/models/active"))

@@ -751,9 +751,24 @@ impl Agent {
             task: task.to_owned(),
         });
         let result = match self.0.config.agent.collaboration {
-            Collaboration::Grounded => self.run_grounded(task, group_id, parent, depth).await?,
-            Collaboration::Chat => self.run_chat(task, group_id, parent, depth).await?,
+            Collaboration::Grounded => {
+                self.run_grounded(task, group_id, parent.clone(), depth)
+                    .await?
+            }
+            Collaboration::Chat => self.run_chat(task, group_id, parent.clone(), depth).await?,
         };
+        // A task done alone had no group chat: it is stored as a concluded group of one, so
+        // `GET /api/groups/{id}` answers for every task that ended here.
+        match self
+            .0
+            .store
+            .group::<serde_json::Value>(&result.group_id)
+            .await
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => self.persist_alone(task, &result, parent, depth).await,
+            Err(e) => tracing::warn!(error = %e, "cannot read a group"),
+        }
         let (p1, c1, _) = self.0.llm.counters().snapshot();
         Ok(TaskResult {
             tokens: (p1 - p0) + (c1 - c0),
@@ -1615,6 +1630,39 @@ impl Agent {
             created_at: now,
             updated_at: now,
             body,
+        };
+        if let Err(e) = self.0.store.upsert_group(&rec).await {
+            tracing::warn!(error = %e, "cannot store a group");
+        }
+    }
+
+    async fn persist_alone(
+        &self,
+        task: &str,
+        result: &TaskResult,
+        parent: Option<String>,
+        depth: u32,
+    ) {
+        let now = now_ms() as i64;
+        let me = MemberRef {
+            id: self.0.me.clone(),
+            name: self.0.name.clone(),
+        };
+        let rec = GroupRecord {
+            group_id: result.group_id.clone(),
+            parent_group_id: parent,
+            goal: task.to_owned(),
+            state: state_name(ChatState::Conclusion).to_owned(),
+            created_at: now,
+            updated_at: now,
+            body: GroupBody {
+                members: vec![me],
+                initiator: self.0.me.clone(),
+                turn: result.turns,
+                max_turns: result.turns,
+                depth,
+                conclusion: Some(result.answer.clone()),
+            },
         };
         if let Err(e) = self.0.store.upsert_group(&rec).await {
             tracing::warn!(error = %e, "cannot store a group");
