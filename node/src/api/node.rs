@@ -291,10 +291,7 @@ async fn cancel_task(
             .ok_or_else(|| ApiError::internal("a cancelled task is missing from the task list")),
         Cancel::Ended(state) => Err(ApiError::conflict(format!(
             "task `{id}` has already ended ({})",
-            serde_json::to_value(state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
+            state.name()
         ))),
         Cancel::Unknown => Err(ApiError::not_found(format!(
             "no task `{id}` was submitted to this node"

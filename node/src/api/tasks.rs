@@ -31,6 +31,18 @@ pub enum TaskState {
     Cancelled,
 }
 
+impl TaskState {
+    /// Its name as the API writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// One task as `GET /api/tasks` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskView {
@@ -216,6 +228,18 @@ impl TaskRunner {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn a_state_is_named_as_the_api_writes_it() {
+        for state in [
+            TaskState::Running,
+            TaskState::Done,
+            TaskState::Failed,
+            TaskState::Cancelled,
+        ] {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.name());
+        }
+    }
 
     #[test]
     fn the_board_follows_a_task_from_submission_to_its_end() {

@@ -225,30 +225,32 @@ pub fn run(args: TaskArgs, chat: bool) -> anyhow::Result<()> {
             .await?;
         let mut f = Follower::new(sub.group_id.clone(), args.json, chat);
         let mut incoming = std::pin::pin!(decode_events(events.bytes_stream()));
-        while let Some(item) = incoming.next().await {
-            let step = match item? {
-                Incoming::Event(ev) => f.on(&ev),
+        let ended = loop {
+            let step = match incoming.next().await.transpose()? {
+                Some(Incoming::Event(ev)) => f.on(&ev),
                 // The node dropped events this client was too slow for; the conclusion may
                 // be among them: ask for the task itself.
-                Incoming::Lagged(missed) => {
+                Some(Incoming::Lagged(missed)) => {
                     tracing::debug!(missed, "events missed; asking the node for the task");
                     outcome(&args.node, &mut f, &sub.group_id).await?
                 }
+                // The stream ended (the node stopping, a proxy timing out): the task may
+                // have ended before it did.
+                None => match outcome(&args.node, &mut f, &sub.group_id).await? {
+                    Step::More => {
+                        anyhow::bail!("the node closed the event stream before the task concluded")
+                    }
+                    ended => ended,
+                },
             };
-            match step {
-                Step::More => {}
-                Step::Done(_) => return Ok(()),
-                Step::Failed(e) => anyhow::bail!("the task failed: {e}"),
+            if !matches!(step, Step::More) {
+                break step;
             }
-        }
-        // The stream ended (the node stopping, a proxy timing out): the task may have
-        // ended before it did.
-        match outcome(&args.node, &mut f, &sub.group_id).await? {
-            Step::Done(_) => return Ok(()),
+        };
+        match ended {
             Step::Failed(e) => anyhow::bail!("the task failed: {e}"),
-            Step::More => {}
+            _ => Ok(()),
         }
-        anyhow::bail!("the node closed the event stream before the task concluded")
     })?
 }
 
@@ -310,12 +312,7 @@ fn task_outcome(f: &mut Follower, v: serde_json::Value) -> Step {
     }
     match serde_json::from_value::<TaskView>(v) {
         Ok(t) if t.state == TaskState::Running => Step::More,
-        Ok(t) => Step::Failed(t.error.unwrap_or_else(|| {
-            serde_json::to_value(t.state)
-                .ok()
-                .and_then(|s| s.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        })),
+        Ok(t) => Step::Failed(t.error.unwrap_or_else(|| t.state.name().to_owned())),
         Err(e) => Step::Failed(format!("the node's task view is not understood: {e}")),
     }
 }
