@@ -273,14 +273,12 @@ async fn rpc_fan_out_errors_and_timeouts() {
     }
 }
 
-/// Sends on `tx` when dropped: tells the test that a handler's future was dropped.
-struct DropSignal(Option<tokio::sync::oneshot::Sender<()>>);
+/// Sends on its channel when dropped: tells the test that a handler's future was dropped.
+struct DropSignal(tokio::sync::mpsc::UnboundedSender<()>);
 
 impl Drop for DropSignal {
     fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(());
-        }
+        let _ = self.0.send(());
     }
 }
 
@@ -315,16 +313,9 @@ async fn a_call_its_caller_gives_up_on_stops_the_handler() {
         let started_tx = started_tx.clone();
         let dropped_tx = dropped_tx.clone();
         async move {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let _guard = DropSignal(Some(tx));
-            let forward = tokio::spawn(async move {
-                if rx.await.is_ok() {
-                    let _ = dropped_tx.send(());
-                }
-            });
+            let _guard = DropSignal(dropped_tx);
             let _ = started_tx.send(());
             std::future::pending::<()>().await;
-            drop(forward);
             Ok(vec![])
         }
     });
