@@ -485,3 +485,185 @@ fn node_api_answers(api: SocketAddr, other_model: &Path) {
         assert_eq!(after["id"], "tiny2", "{after}");
     });
 }
+
+/// Host failover: ada hosts a grounded task whose two facts are on bea and cal, and is
+/// killed with SIGKILL while cal's part is still running (cal is a human proxy whose person
+/// is asked first and does not answer for a few seconds). The member that succeeds ada
+/// resumes the group from the log it recorded, and the task still concludes with both
+/// facts, on both surviving nodes.
+#[test]
+fn a_group_whose_host_is_killed_still_concludes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = write_tiny_llama(dir.path(), "tiny", 2048);
+    let home = dir.path().join("home");
+    let config = |name: &str, doc: Option<&str>, human: bool| {
+        let mut toml = String::from("[agent]\n");
+        if let Some(text) = doc {
+            let docs = dir.path().join(format!("{name}-docs"));
+            std::fs::create_dir_all(&docs).expect("docs dir");
+            std::fs::write(docs.join("harbour.md"), text).expect("doc");
+            toml.push_str(&format!("docs = {:?}\n", docs.display().to_string()));
+        }
+        if human {
+            toml.push_str("kind = \"human\"\nhuman_timeout_secs = 4\nhuman_fallback = \"model\"\n");
+        }
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, toml).expect("config");
+        path.display().to_string()
+    };
+    let a = up(
+        &home,
+        &dir.path().join("ada"),
+        &model,
+        "ada",
+        &["--config".into(), config("ada", None, false)],
+    );
+    let secret = secret_of(a.api);
+    let join = |name: &str, doc: &str, human: bool| {
+        up(
+            &home,
+            &dir.path().join(name),
+            &model,
+            name,
+            &[
+                "--config".into(),
+                config(name, Some(doc), human),
+                "--bootstrap".into(),
+                a.quic.to_string(),
+                "--swarm-secret".into(),
+                secret.clone(),
+            ],
+        )
+    };
+    let b = join(
+        "bea",
+        "# Quays\n\nQuay Nine at Port Ellery has a berth length of 214 metres.\n",
+        false,
+    );
+    let c = join(
+        "cal",
+        "# Pilots\n\nThe pilot on duty at Port Ellery this week is Morwenna Tregenza.\n",
+        true,
+    );
+    for api in [a.api, b.api, c.api] {
+        wait_peers(api, 2);
+    }
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let get = |api: SocketAddr, path: String| {
+            let r = http.get(format!("http://{api}{path}")).send();
+            async move {
+                match r.await {
+                    Ok(r) if r.status().is_success() => r.json::<Value>().await.ok(),
+                    _ => None,
+                }
+            }
+        };
+        let t = Instant::now();
+        while get(a.api, "/api/cards".into())
+            .await
+            .and_then(|v| v.as_array().map(Vec::len))
+            .unwrap_or(0)
+            < 3
+        {
+            assert!(t.elapsed() < Duration::from_secs(60), "cards never arrived");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let question =
+            "How long is the berth at Quay Nine, and who is the pilot on duty at Port Ellery?";
+        // The same task without a fault, for the cost of the failover.
+        let t = Instant::now();
+        let plain: Value = http
+            .post(format!("http://{}/api/tasks", a.api))
+            .json(&serde_json::json!({ "task": question, "wait": true }))
+            .send()
+            .await
+            .expect("submit")
+            .json()
+            .await
+            .expect("result JSON");
+        let plain_s = t.elapsed().as_secs_f64();
+        assert!(
+            plain["answer"].as_str().is_some_and(|a| a.contains("214")),
+            "{plain}"
+        );
+        let submitted: Value = http
+            .post(format!("http://{}/api/tasks", a.api))
+            .json(&serde_json::json!({ "task": question }))
+            .send()
+            .await
+            .expect("submit")
+            .json()
+            .await
+            .expect("submitted JSON");
+        let group = submitted["group_id"].as_str().expect("group id").to_owned();
+        // cal's part has started (its person is being asked): the host dies now.
+        let t = Instant::now();
+        loop {
+            let pending = get(c.api, "/api/human".into()).await;
+            if pending.is_some_and(|p| p.as_array().is_some_and(|a| !a.is_empty())) {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "cal was never given its task"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut a = a;
+        let _ = a.child.kill();
+        let _ = a.child.wait();
+        let killed = Instant::now();
+        // Both survivors see the group concluded with both facts.
+        for (name, api) in [("bea", b.api), ("cal", c.api)] {
+            let detail = loop {
+                let g = get(api, format!("/api/groups/{group}")).await;
+                if let Some(g) = g.filter(|g| g["group"]["state"] == "conclusion") {
+                    break g;
+                }
+                assert!(
+                    killed.elapsed() < Duration::from_secs(90),
+                    "{name}: the group never concluded after its host was killed: {:?}",
+                    get(api, format!("/api/groups/{group}")).await
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            let messages = detail["messages"].as_array().expect("messages");
+            let last = messages.last().expect("a message");
+            assert_eq!(last["msg_type"], "conclude", "{name}: {detail}");
+            let conclusion = last["content"].as_str().unwrap_or_default();
+            assert!(
+                conclusion.contains("214") && conclusion.contains("Morwenna Tregenza"),
+                "{name}: {conclusion}"
+            );
+            // The handover is in the log, in the lost host's name.
+            assert!(
+                messages.iter().any(|m| m["msg_type"] == "member_left"
+                    && m["content"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .contains("resumes")),
+                "{name}: {detail}"
+            );
+            let seqs: Vec<u64> = messages.iter().filter_map(|m| m["seq"].as_u64()).collect();
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{name}: {seqs:?}");
+        }
+        eprintln!(
+            "without a fault the task took {plain_s:.1} s; with the host killed it concluded on \
+             both survivors {:.1} s after the kill",
+            killed.elapsed().as_secs_f64()
+        );
+        // The successor answers for the task too.
+        let mut answered = 0;
+        for api in [b.api, c.api] {
+            if let Some(r) = get(api, format!("/api/tasks/{group}")).await {
+                if r["answer"].as_str().is_some_and(|a| a.contains("214")) {
+                    answered += 1;
+                }
+            }
+        }
+        assert_eq!(answered, 1, "exactly one survivor hosts the resumed group");
+    });
+    drop((b, c));
+}

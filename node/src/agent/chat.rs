@@ -390,12 +390,24 @@ fn object_schema(kind: DecisionType, props: Vec<(&str, Value)>) -> Value {
     })
 }
 
+/// Who takes over a group whose host `host` is gone: the first of `members` (in the host's
+/// order) other than the host that `live` says is up. Every member computes it from the same
+/// list, so one of them resumes the group as long as their views of who is up agree.
+pub fn successor<'a>(
+    members: &'a [MemberRef],
+    host: &str,
+    live: impl Fn(&str) -> bool,
+) -> Option<&'a MemberRef> {
+    members.iter().find(|m| m.id != host && live(&m.id))
+}
+
 /// A recorded group-chat message: the persisted and broadcast form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     /// The group it belongs to.
     pub group_id: String,
-    /// Position in the chat, from 0; `messages()[seq]` is this message.
+    /// Position in the chat, from 0, increasing (a log a new host resumed may have gaps
+    /// where it missed a message).
     pub seq: u64,
     /// Turns used when it was recorded (the speaker's turn number for speaker messages).
     pub turn: u32,
@@ -846,6 +858,15 @@ impl GroupChat {
     /// Launches a chat at `now`: the initiator is asked first.
     pub fn launch(params: LaunchParams, now: Millis) -> Result<Self, LaunchError> {
         params.validate()?;
+        let initiator = params.initiator.clone();
+        let mut chat = Self::build(params);
+        info!(group = %chat.group_id, members = chat.members.len(), max_turns = chat.max_turns, "group chat launched");
+        chat.give_turn(now, Some(initiator));
+        Ok(chat)
+    }
+
+    /// A chat in discussion with an empty log, nobody asked yet (`params` validated).
+    fn build(params: LaunchParams) -> Self {
         let LaunchParams {
             group_id,
             goal,
@@ -856,12 +877,12 @@ impl GroupChat {
             max_turns,
             config,
         } = params;
-        let mut chat = Self {
+        Self {
             group_id,
             goal,
             members,
             last_speaker: initiator.clone(),
-            initiator: initiator.clone(),
+            initiator,
             team_up_depth,
             max_depth,
             max_turns,
@@ -879,8 +900,39 @@ impl GroupChat {
             missed: BTreeMap::new(),
             ending: None,
             conclusion: None,
-        };
-        info!(group = %chat.group_id, members = chat.members.len(), max_turns, "group chat launched");
+        }
+    }
+
+    /// Resumes a group whose host is gone, hosted now by `params.initiator` (its
+    /// [`successor`]): `prior` is the log this node recorded (other groups' messages are
+    /// ignored). The log goes on after it (sequence numbers after the last recorded, task
+    /// ids after the last assigned), a [`MessageType::MemberLeft`] message in
+    /// `previous_host`'s name records the handover, and the chat starts again from the new
+    /// host's turn with a fresh turn budget: the work the old host had under way is asked
+    /// for again (its calls ended with it).
+    pub fn resume(
+        params: LaunchParams,
+        mut prior: Vec<Message>,
+        previous_host: &str,
+        now: Millis,
+    ) -> Result<Self, LaunchError> {
+        params.validate()?;
+        prior.retain(|m| m.group_id == params.group_id);
+        prior.sort_by_key(|m| m.seq);
+        prior.dedup_by_key(|m| m.seq);
+        let next_task = prior
+            .iter()
+            .filter_map(|m| m.task_id.as_deref()?.strip_prefix('t')?.parse::<u32>().ok())
+            .max()
+            .map_or(1, |n| n.saturating_add(1));
+        let initiator = params.initiator.clone();
+        let mut chat = Self::build(params);
+        chat.messages = prior;
+        chat.next_task = next_task;
+        info!(group = %chat.group_id, %previous_host, host = %initiator, "group chat resumed by a new host");
+        let note = format!("the host left; {initiator} resumes the group");
+        let msg = chat.message(previous_host, MessageType::MemberLeft, note);
+        chat.publish(msg);
         chat.give_turn(now, Some(initiator));
         Ok(chat)
     }
@@ -1001,7 +1053,7 @@ impl GroupChat {
         (self.team_up_depth < self.max_depth).then_some(self.team_up_depth + 1)
     }
 
-    /// Every message so far; `messages()[i].seq == i`.
+    /// Every message so far, by `seq`.
     pub fn messages(&self) -> &[Message] {
         &self.messages
     }
@@ -1681,10 +1733,16 @@ impl GroupChat {
         Decision::json_schema(&speakers, &live, allowed, &open, &self.config)
     }
 
+    /// The sequence number of the next message: after the last one (a resumed log may
+    /// have gaps where this node missed a message).
+    fn next_seq(&self) -> u64 {
+        self.messages.last().map_or(0, |m| m.seq + 1)
+    }
+
     fn message(&self, sender: &str, msg_type: MessageType, content: String) -> Message {
         Message {
             group_id: self.group_id.clone(),
-            seq: self.messages.len() as u64,
+            seq: self.next_seq(),
             turn: self.turn,
             sender: sender.to_owned(),
             state: self.state,
@@ -1701,7 +1759,7 @@ impl GroupChat {
     }
 
     fn publish(&mut self, mut msg: Message) {
-        msg.seq = self.messages.len() as u64;
+        msg.seq = self.next_seq();
         msg.state = self.state;
         self.messages.push(msg.clone());
         self.effects.push_back(Effect::Broadcast(msg));
@@ -2637,6 +2695,82 @@ mod tests {
         // An empty turn is still refused: it is not a message at all.
         let fx = say(&mut chat, "c", discuss(" ... ", &[]), T0);
         assert_eq!(fx[0], lost_to_repetition("c"));
+    }
+
+    #[test]
+    fn the_successor_is_the_first_live_member_after_the_host() {
+        let p = params(&["a", "b", "c", "d"], 4);
+        let ids = |m: Option<&MemberRef>| m.map(|m| m.id.clone());
+        assert_eq!(ids(successor(&p.members, "a", |_| true)), Some("b".into()));
+        assert_eq!(
+            ids(successor(&p.members, "a", |id| id != "b")),
+            Some("c".into())
+        );
+        // The host is never its own successor, wherever it stands in the list.
+        assert_eq!(ids(successor(&p.members, "c", |_| true)), Some("a".into()));
+        assert_eq!(ids(successor(&p.members, "a", |id| id == "a")), None);
+    }
+
+    #[test]
+    fn a_resumed_chat_goes_on_after_the_recorded_log() {
+        // a hosts and assigns t1 to b and t2 to c; a is lost after b's report.
+        let (mut chat, _) = launch(&["a", "b", "c"], 6);
+        say(
+            &mut chat,
+            "a",
+            assign(
+                DecisionType::AssignSync,
+                "split",
+                &[("b", "hotels"), ("c", "trains")],
+                &[],
+            ),
+            T0,
+        );
+        chat.handle(
+            Input::TaskResult {
+                from: "b".into(),
+                task_id: "t1".into(),
+                ok: true,
+                result: "Hotel Lumiere".into(),
+            },
+            T0 + 1,
+        )
+        .unwrap();
+        // What b recorded, t1's assignment missed.
+        let mut log: Vec<Message> = chat.messages().to_vec();
+        assert_eq!(log[0].task_id.as_deref(), Some("t1"), "{log:?}");
+        assert_eq!(log[1].task_id.as_deref(), Some("t2"), "{log:?}");
+        log.remove(0);
+        let last = log.last().unwrap().seq;
+        // b resumes with c.
+        let mut p = params(&["b", "c"], 6);
+        p.members[0].name = "B".into();
+        let mut foreign = log[0].clone();
+        foreign.group_id = "another".into();
+        foreign.seq = last + 5;
+        foreign.task_id = Some("t9".into());
+        let mut recorded = log.clone();
+        recorded.push(foreign);
+        let mut resumed = GroupChat::resume(p, recorded, "a", T0 + 2).unwrap();
+        let fx = drain(&mut resumed);
+        let msgs = broadcasts(&fx);
+        assert_eq!(msgs[0].msg_type, MessageType::MemberLeft);
+        assert_eq!(msgs[0].sender, "a");
+        assert_eq!(msgs[0].seq, last + 1);
+        assert_eq!(asked(&fx), vec!["b".to_string()]);
+        // The other group's message is not part of the log; the rest is, in order, and
+        // the handover after it.
+        assert_eq!(resumed.messages().len(), log.len() + 1);
+        assert!(resumed.messages().windows(2).all(|w| w[0].seq < w[1].seq));
+        // New tasks are numbered after the old ones.
+        say(
+            &mut resumed,
+            "b",
+            assign(DecisionType::AssignSync, "again", &[("c", "trains")], &[]),
+            T0 + 3,
+        );
+        assert!(resumed.task("t3").is_some(), "{:?}", resumed.tasks());
+        assert_eq!(resumed.task("t3").unwrap().assignee, "c");
     }
 
     #[test]

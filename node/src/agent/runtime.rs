@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use starling_discovery::{NodeId, Request, RpcError, RpcErrorCode, Swarm, SwarmEvent};
+use starling_discovery::{NodeId, PeerState, Request, RpcError, RpcErrorCode, Swarm, SwarmEvent};
 use starling_models::chat::ChatMessage;
 use starling_models::embed::EmbedHandle;
 use tokio::sync::broadcast;
@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::card::{AgentCard, CardBook, CardHit, CARD_KIND};
 use super::chat::{
-    ChatConfig, ChatState, Decision, DecisionType, Effect, GroupChat, Input, LaunchParams,
-    LostTurnReason, MemberRef, Message, Rejection, Task, TaskSpec as ChatTaskSpec, TaskState,
+    successor, ChatConfig, ChatState, Decision, DecisionType, Effect, GroupChat, Input,
+    LaunchParams, LostTurnReason, MemberRef, Message, Rejection, Task, TaskSpec as ChatTaskSpec,
+    TaskState,
 };
 use super::executor::{Executor, TaskSpec};
 use super::formation::{form_team, AgentSearch, ContactLine, Formation, FormationConfig};
@@ -257,6 +258,10 @@ pub const MAX_LOCATE_SUBS: usize = 16;
 pub const PROBE_CARDS: usize = 5;
 /// Most nodes probed for one task.
 pub const MAX_PROBED: usize = 12;
+/// Most members a member keeps of a group another node hosts.
+const MAX_GROUP_MEMBERS: usize = 64;
+/// How many of the latest groups are looked at for one to resume when a host goes down.
+const RESUMABLE_GROUPS: usize = 50;
 
 /// `agent`/`message` notification.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -267,6 +272,28 @@ pub struct MessageNote {
     pub sender_name: String,
     /// The message.
     pub message: Message,
+    /// The group's live members in the host's order, so that a member can tell who
+    /// takes over if the host goes down (empty from nodes that predate host failover).
+    #[serde(default)]
+    pub members: Vec<MemberRef>,
+}
+
+/// What a member keeps about a group another node hosts (the body of its group record).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct MemberView {
+    /// The node whose messages, turns and tasks this node takes for the group.
+    host: String,
+    /// The members as the host last listed them.
+    #[serde(default)]
+    members: Vec<MemberRef>,
+}
+
+/// A group taken over from a host that went down: that host, the members it had and the
+/// log this node recorded.
+struct Resume {
+    previous_host: String,
+    members: Vec<MemberRef>,
+    messages: Vec<Message>,
 }
 
 /// A finished task as `starling task` reports it.
@@ -605,10 +632,13 @@ impl Agent {
     }
 
     async fn follow_swarm(self, mut rx: broadcast::Receiver<SwarmEvent>) {
+        // Groups resumed after their host went down; dropped (so stopped) with this loop.
+        let mut failovers = tokio::task::JoinSet::new();
         loop {
             let ev = tokio::select! {
                 biased;
                 _ = self.0.cancel.cancelled() => break,
+                Some(_) = failovers.join_next(), if !failovers.is_empty() => continue,
                 ev = rx.recv() => ev,
             };
             match ev {
@@ -621,9 +651,12 @@ impl Agent {
                         name: p.name,
                     })
                 }
-                Ok(SwarmEvent::PeerDown(id)) => self.emit(AgentEvent::PeerDown {
-                    node_id: id.to_string(),
-                }),
+                Ok(SwarmEvent::PeerDown(id)) => {
+                    self.emit(AgentEvent::PeerDown {
+                        node_id: id.to_string(),
+                    });
+                    failovers.spawn(self.clone().fail_over(id.to_string()));
+                }
                 Ok(SwarmEvent::Record { id, kind, .. }) if kind == CARD_KIND => {
                     if let Ok(Some(r)) = self.0.swarm.record(&id) {
                         self.learn_card(&r).await;
@@ -706,27 +739,29 @@ impl Agent {
     /// group chat it hosts, records how each collaborator did, returns the conclusion.
     pub async fn submit(&self, task: &str) -> Result<TaskResult, AgentError> {
         let group_id = new_group_id();
-        self.run_task(task, group_id, None, 0).await
+        self.run_task(task, group_id, None, 0, None).await
     }
 
     /// Like [`Agent::submit`] with a chosen group id (so a caller can follow its events).
     /// A failure is also published as [`AgentEvent::TaskFailed`].
     pub async fn submit_as(&self, task: &str, group_id: String) -> Result<TaskResult, AgentError> {
-        let r = self.run_task(task, group_id.clone(), None, 0).await;
+        let r = self.run_task(task, group_id.clone(), None, 0, None).await;
         match &r {
-            Ok(result) => {
-                let mut kept = lock(&self.0.results);
-                if kept.len() >= KEPT_RESULTS {
-                    kept.pop_front();
-                }
-                kept.push_back(result.clone());
-            }
+            Ok(result) => self.keep_result(result.clone()),
             Err(e) => self.emit(AgentEvent::TaskFailed {
                 group_id,
                 error: e.to_string(),
             }),
         }
         r
+    }
+
+    fn keep_result(&self, result: TaskResult) {
+        let mut kept = lock(&self.0.results);
+        if kept.len() >= KEPT_RESULTS {
+            kept.pop_front();
+        }
+        kept.push_back(result);
     }
 
     /// The result of a task submitted here (one of the latest [`KEPT_RESULTS`]).
@@ -744,6 +779,7 @@ impl Agent {
         group_id: String,
         parent: Option<String>,
         depth: u32,
+        resume: Option<Resume>,
     ) -> Result<TaskResult, AgentError> {
         let (p0, c0, _) = self.0.llm.counters().snapshot();
         self.emit(AgentEvent::TaskSubmitted {
@@ -752,10 +788,13 @@ impl Agent {
         });
         let result = match self.0.config.agent.collaboration {
             Collaboration::Grounded => {
-                self.run_grounded(task, group_id, parent.clone(), depth)
+                self.run_grounded(task, group_id, parent.clone(), depth, resume)
                     .await?
             }
-            Collaboration::Chat => self.run_chat(task, group_id, parent.clone(), depth).await?,
+            Collaboration::Chat => {
+                self.run_chat(task, group_id, parent.clone(), depth, resume)
+                    .await?
+            }
         };
         // A task done alone had no group chat: it is stored as a concluded group of one, so
         // `GET /api/groups/{id}` answers for every task that ended here.
@@ -784,7 +823,14 @@ impl Agent {
         group_id: String,
         parent: Option<String>,
         depth: u32,
+        resume: Option<Resume>,
     ) -> Result<TaskResult, AgentError> {
+        // A resumed group keeps the team its host formed.
+        if let Some(r) = resume {
+            let members = self.team(self.survivors(&r));
+            let params = self.launch_params(group_id, task, members, depth);
+            return self.host(params, parent, None, Some(r)).await;
+        }
         let mut formation = self.form(task).await?;
         self.emit(AgentEvent::TeamFormed {
             group_id: group_id.clone(),
@@ -856,7 +902,7 @@ impl Agent {
                     .map(|r| (r.node_id.clone(), r.name.clone())),
             );
             let params = self.launch_params(group_id.clone(), task, members, depth);
-            self.host_group(params, parent, None).await?
+            self.host(params, parent, None, None).await?
         };
         Ok(result)
     }
@@ -876,6 +922,7 @@ impl Agent {
         group_id: String,
         parent: Option<String>,
         depth: u32,
+        resume: Option<Resume>,
     ) -> Result<TaskResult, AgentError> {
         let planner = Planner::new(task);
         // Whom to probe. Probing costs no model call (each node matches text against its
@@ -892,10 +939,12 @@ impl Agent {
                 (k.node_id, text)
             })
             .collect();
+        // Nodes membership has declared down are not probed (a call to them would wait for
+        // its timeout).
         let known: Vec<String> = cards
             .iter()
             .map(|(id, _)| id.clone())
-            .filter(|id| *id != self.0.me)
+            .filter(|id| *id != self.0.me && !self.is_down(id))
             .collect();
         let search_each_probe = known.len() > MAX_PROBED;
         let mut candidates: Vec<String> = if search_each_probe { Vec::new() } else { known };
@@ -964,7 +1013,7 @@ impl Agent {
             members: member_ids.iter().map(|m| self.name_of(m)).collect(),
             calls: 0,
         });
-        let result = if member_ids.is_empty() {
+        let result = if member_ids.is_empty() && resume.is_none() {
             let inquiry = Mutex::new(inquiry);
             let answer = match self.advance(&inquiry, true) {
                 Next::Conclude(a) => self.named(a),
@@ -972,14 +1021,25 @@ impl Agent {
             };
             self.concluded_alone(group_id, answer)
         } else {
-            let members = self.team(member_ids.iter().map(|id| (id.clone(), self.name_of(id))));
+            // A resumed group keeps its members, so that the rest of the log (the
+            // conclusion above all) reaches them too.
+            let mut others: Vec<(String, String)> = member_ids
+                .iter()
+                .map(|id| (id.clone(), self.name_of(id)))
+                .collect();
+            for (id, name) in resume.iter().flat_map(|r| self.survivors(r)) {
+                if !others.iter().any(|(o, _)| *o == id) {
+                    others.push((id, name));
+                }
+            }
+            let members = self.team(others);
             let mut params = self.launch_params(group_id, task, members, depth);
             params.config.moderated = true;
             // The host's turns are computed, not generated: nothing to guard against.
             params.config.repetition_guard = false;
             params.max_turns = params.max_turns.max(4);
             let inquiry = Arc::new(Mutex::new(inquiry));
-            self.host_group(params, parent, Some(inquiry)).await?
+            self.host(params, parent, Some(inquiry), resume).await?
         };
         Ok(result)
     }
@@ -1253,9 +1313,51 @@ impl Agent {
         parent: Option<String>,
         inquiry: Option<Arc<Mutex<Inquiry>>>,
     ) -> Result<TaskResult, AgentError> {
+        self.host(params, parent, inquiry, None).await
+    }
+
+    /// The members of a resumed group other than its lost host and this node that
+    /// membership does not report down, as (id, name).
+    fn survivors(&self, r: &Resume) -> Vec<(String, String)> {
+        r.members
+            .iter()
+            .filter(|m| m.id != r.previous_host && m.id != self.0.me && !self.is_down(&m.id))
+            .map(|m| (m.id.clone(), m.name.clone()))
+            .collect()
+    }
+
+    /// Whether membership has declared `id` down (a node it does not know is not).
+    fn is_down(&self, id: &str) -> bool {
+        self.peer_state(id) == Some(PeerState::Down)
+    }
+
+    fn peer_state(&self, id: &str) -> Option<PeerState> {
+        if id == self.0.me {
+            return Some(PeerState::Alive);
+        }
+        self.0
+            .swarm
+            .peers()
+            .into_iter()
+            .find(|p| p.id.to_string() == id)
+            .map(|p| p.state)
+    }
+
+    /// Hosts a group chat to its conclusion: a new one, or with `resume` one whose host
+    /// went down.
+    async fn host(
+        &self,
+        params: LaunchParams,
+        parent: Option<String>,
+        inquiry: Option<Arc<Mutex<Inquiry>>>,
+        resume: Option<Resume>,
+    ) -> Result<TaskResult, AgentError> {
         let started = Instant::now();
         let clock = move || started.elapsed().as_millis() as u64;
-        let mut chat = GroupChat::launch(params.clone(), clock())?;
+        let mut chat = match resume {
+            Some(r) => GroupChat::resume(params.clone(), r.messages, &r.previous_host, clock())?,
+            None => GroupChat::launch(params.clone(), clock())?,
+        };
         let group_id = params.group_id.clone();
         let goal = params.goal.clone();
         let member_names: Vec<String> = params.members.iter().map(|m| m.name.clone()).collect();
@@ -1578,6 +1680,7 @@ impl Agent {
             goal: goal.to_owned(),
             sender_name: sender_name.clone(),
             message: message.clone(),
+            members: chat.live_members().cloned().collect(),
         };
         self.record_message(&note).await;
         let others: Vec<NodeId> = chat
@@ -1910,7 +2013,7 @@ impl Agent {
                     .map(|r| (r.node_id.clone(), r.name.clone())),
             );
             let params = this.launch_params(group_id, &goal, members, depth);
-            Ok(Some(this.host_group(params, Some(parent), None).await?))
+            Ok(Some(this.host(params, Some(parent), None, None).await?))
         })
     }
 
@@ -2023,8 +2126,86 @@ impl Agent {
             .ok()
             .flatten();
         match known {
-            Some(g) if !may_send_messages(&g.body, from) => Err(not_the_host()),
+            Some(g) if !may_send_messages(&g.body, from) && !self.takes_over(&g.body, from) => {
+                Err(not_the_host())
+            }
             known => Ok(known),
+        }
+    }
+
+    /// Whether `from` takes over a group this node is a member of (recorded as `body`):
+    /// the host is suspected or declared down here, and `from` is its [`successor`].
+    fn takes_over(&self, body: &serde_json::Value, from: &str) -> bool {
+        let Ok(view) = serde_json::from_value::<MemberView>(body.clone()) else {
+            return false;
+        };
+        let host_gone = matches!(
+            self.peer_state(&view.host),
+            Some(PeerState::Suspect | PeerState::Down)
+        );
+        host_gone
+            && successor(&view.members, &view.host, |id| !self.is_down(id))
+                .is_some_and(|m| m.id == from)
+    }
+
+    /// After `dead` went down: resumes each recent open group it hosted that this node
+    /// is the [`successor`] for, one after the other. The result is kept like a task
+    /// submitted here, and the conclusion goes to the other members.
+    async fn fail_over(self, dead: String) {
+        let groups = match self
+            .0
+            .store
+            .groups::<serde_json::Value>(RESUMABLE_GROUPS)
+            .await
+        {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read groups to resume");
+                return;
+            }
+        };
+        // A group whose last message is older than two task timeouts was abandoned.
+        let window = self.0.config.agent.turn_timeout_secs * 3 * 1000 * 2;
+        let since = (now_ms().saturating_sub(window)) as i64;
+        for g in groups {
+            if g.state == state_name(ChatState::Conclusion) || g.updated_at < since {
+                continue;
+            }
+            let Ok(view) = serde_json::from_value::<MemberView>(g.body) else {
+                continue;
+            };
+            let mine = view.host == dead
+                && successor(&view.members, &dead, |id| !self.is_down(id))
+                    .is_some_and(|m| m.id == self.0.me);
+            if !mine {
+                continue;
+            }
+            let messages = match self.0.store.messages::<Message>(&g.group_id).await {
+                Ok(m) => m.into_iter().map(|r| r.body).collect(),
+                Err(e) => {
+                    tracing::warn!(group = %g.group_id, error = %e, "cannot read a group's log");
+                    continue;
+                }
+            };
+            tracing::info!(group = %g.group_id, host = %dead, "the host is down; resuming its group");
+            let resume = Resume {
+                previous_host: dead.clone(),
+                members: view.members,
+                messages,
+            };
+            match self
+                .run_task(&g.goal, g.group_id.clone(), None, 0, Some(resume))
+                .await
+            {
+                Ok(result) => self.keep_result(result),
+                Err(e) => {
+                    tracing::warn!(group = %g.group_id, error = %e, "resuming a group failed");
+                    self.emit(AgentEvent::TaskFailed {
+                        group_id: g.group_id,
+                        error: e.to_string(),
+                    });
+                }
+            }
         }
     }
 
@@ -2106,6 +2287,21 @@ impl Agent {
                 // records hold their members and conclusion).
                 let now = now_ms() as i64;
                 let known = self.check_host(&n.message.group_id, &from).await?;
+                // The sender is the host (or took over from it); the member list is the
+                // host's latest.
+                let members = if n.members.is_empty() {
+                    known
+                        .as_ref()
+                        .and_then(|g| serde_json::from_value::<MemberView>(g.body.clone()).ok())
+                        .map(|v| v.members)
+                        .unwrap_or_default()
+                } else {
+                    n.members.iter().take(MAX_GROUP_MEMBERS).cloned().collect()
+                };
+                let view = MemberView {
+                    host: from.clone(),
+                    members,
+                };
                 let rec = GroupRecord {
                     group_id: n.message.group_id.clone(),
                     parent_group_id: known.as_ref().and_then(|g| g.parent_group_id.clone()),
@@ -2113,7 +2309,7 @@ impl Agent {
                     state: state_name(n.message.state).to_owned(),
                     created_at: known.as_ref().map_or(now, |g| g.created_at),
                     updated_at: now,
-                    body: known.map_or_else(|| serde_json::json!({"host": from}), |g| g.body),
+                    body: serde_json::to_value(&view).unwrap_or_default(),
                 };
                 if let Err(e) = self.0.store.upsert_group(&rec).await {
                     tracing::warn!(error = %e, "cannot store a group");
