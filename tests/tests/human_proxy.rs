@@ -75,6 +75,7 @@ async fn human_answers_become_messages_and_silence_loses_the_turn() {
         config: ChatConfig {
             turn_timeout_ms: 20_000,
             task_timeout_ms: 20_000,
+            opening_assignment: true,
             ..ChatConfig::default()
         },
     };

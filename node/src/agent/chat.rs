@@ -121,6 +121,12 @@ pub struct ChatConfig {
     /// members contribute through the tasks it assigns (a grounded inquiry: members
     /// report cited findings, they do not write free text).
     pub moderated: bool,
+    /// A team launched for a task splits the work first: the initiator's first turn, when
+    /// other members are live, may only be one `assign_sync` with exactly one task for each
+    /// of them, in launch order ([`opening_schema`]). It takes precedence over the turn
+    /// limit: with `max_turns = 1` it is the only turn, and the machine concludes with the
+    /// tasks' results once they are in.
+    pub opening_assignment: bool,
 }
 
 impl Default for ChatConfig {
@@ -138,6 +144,7 @@ impl Default for ChatConfig {
             max_abstract_chars: 120,
             max_tasks_per_decision: 8,
             moderated: false,
+            opening_assignment: false,
         }
     }
 }
@@ -387,6 +394,42 @@ fn object_schema(kind: DecisionType, props: Vec<(&str, Value)>) -> Value {
         "properties": properties,
         "required": required,
         "additionalProperties": false,
+    })
+}
+
+/// The schema of an opening assignment ([`ChatConfig::opening_assignment`]): one
+/// `assign_sync` with exactly one task for each of `others`, in order.
+pub fn opening_schema(others: &[String], limits: &ChatConfig) -> Value {
+    let items: Vec<Value> = others
+        .iter()
+        .map(|id| {
+            json!({
+                "type": "object",
+                "properties": {
+                    "assignee": {"enum": [id]},
+                    "task_abstract": {"type": "string", "minLength": 3, "maxLength": limits.max_abstract_chars.min(60)},
+                    "task_desc": {"type": "string", "minLength": 10, "maxLength": limits.max_task_desc_chars.min(300)}
+                },
+                "required": ["assignee", "task_abstract", "task_desc"],
+                "additionalProperties": false
+            })
+        })
+        .collect();
+    json!({
+        "type": "object",
+        "properties": {
+            "type": {"enum": ["assign_sync"]},
+            "content": {"type": "string", "minLength": 1, "maxLength": 300},
+            "tasks": {
+                "type": "array",
+                "prefixItems": items,
+                "items": false,
+                "minItems": others.len(),
+                "maxItems": others.len()
+            }
+        },
+        "required": ["type", "content", "tasks"],
+        "additionalProperties": false
     })
 }
 
@@ -1360,7 +1403,17 @@ impl GroupChat {
             self.self_conclude(ConclusionReason::MembersGone);
             return;
         };
-        let forced = self.forced_reason();
+        let others: Vec<String> = self
+            .live_members()
+            .filter(|m| m.id != member)
+            .map(|m| m.id.clone())
+            .collect();
+        let opening = self.config.opening_assignment
+            && self.turn == 0
+            && member == self.initiator
+            && self.ending.is_none()
+            && !others.is_empty();
+        let forced = if opening { None } else { self.forced_reason() };
         if forced.is_none() {
             let busy = self.running_ids(|t| t.assignee == member);
             if !busy.is_empty() {
@@ -1368,7 +1421,9 @@ impl GroupChat {
                 return;
             }
         }
-        let allowed = if forced.is_some() {
+        let allowed = if opening {
+            vec![DecisionType::AssignSync]
+        } else if forced.is_some() {
             vec![DecisionType::Conclude]
         } else {
             let mut v = vec![
@@ -1382,7 +1437,11 @@ impl GroupChat {
             v.push(DecisionType::Conclude);
             v
         };
-        let schema = self.schema_for(&member, &allowed);
+        let schema = if opening {
+            opening_schema(&others, &self.config)
+        } else {
+            self.schema_for(&member, &allowed)
+        };
         let ask = Ask {
             member,
             turn: self.turn + 1,
@@ -2695,6 +2754,104 @@ mod tests {
         // An empty turn is still refused: it is not a message at all.
         let fx = say(&mut chat, "c", discuss(" ... ", &[]), T0);
         assert_eq!(fx[0], lost_to_repetition("c"));
+    }
+
+    /// The allowed types and schema of the one `AskSpeaker` in `fx`.
+    fn ask_of(fx: &[Effect]) -> (String, Vec<DecisionType>, Value) {
+        let asks: Vec<_> = fx
+            .iter()
+            .filter_map(|e| match e {
+                Effect::AskSpeaker {
+                    member,
+                    allowed_types,
+                    schema,
+                    ..
+                } => Some((member.clone(), allowed_types.clone(), schema.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(asks.len(), 1, "{fx:?}");
+        asks.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn an_opening_assignment_gives_each_other_member_one_task_first() {
+        let mut p = params(&["a", "b", "c"], 6);
+        p.config.opening_assignment = true;
+        let (mut chat, fx) = launch_with(p);
+        let (member, allowed, schema) = ask_of(&fx);
+        assert_eq!(member, "a");
+        assert_eq!(allowed, vec![DecisionType::AssignSync]);
+        assert_eq!(
+            schema,
+            opening_schema(&["b".into(), "c".into()], chat.config())
+        );
+        assert_eq!(schema["properties"]["tasks"]["minItems"], 2);
+        // Only the first turn: the next one is free.
+        say(
+            &mut chat,
+            "a",
+            assign(
+                DecisionType::AssignSync,
+                "split",
+                &[("b", "hotels"), ("c", "trains")],
+                &[],
+            ),
+            T0,
+        );
+        for (from, id) in [("b", "t1"), ("c", "t2")] {
+            chat.handle(
+                Input::TaskResult {
+                    from: from.into(),
+                    task_id: id.into(),
+                    ok: true,
+                    result: format!("{from} done"),
+                },
+                T0 + 1,
+            )
+            .unwrap();
+        }
+        let (_, allowed, _) = ask_of(&drain(&mut chat));
+        assert!(allowed.contains(&DecisionType::Discuss), "{allowed:?}");
+        // Without the option the first turn is free too, and a group of one has nobody
+        // to assign to.
+        let (_, fx) = launch(&["a", "b"], 6);
+        assert!(ask_of(&fx).1.contains(&DecisionType::Discuss));
+        let mut alone = params(&["a"], 6);
+        alone.config.opening_assignment = true;
+        let (_, fx) = launch_with(alone);
+        assert!(ask_of(&fx).1.contains(&DecisionType::Conclude));
+    }
+
+    #[test]
+    fn with_one_turn_the_opening_assignment_is_kept_and_its_results_conclude() {
+        let mut p = params(&["a", "b"], 1);
+        p.config.opening_assignment = true;
+        let (mut chat, fx) = launch_with(p);
+        assert_eq!(ask_of(&fx).1, vec![DecisionType::AssignSync]);
+        say(
+            &mut chat,
+            "a",
+            assign(DecisionType::AssignSync, "split", &[("b", "hotels")], &[]),
+            T0,
+        );
+        assert_eq!(chat.task("t1").unwrap().state, TaskState::Running);
+        chat.handle(
+            Input::TaskResult {
+                from: "b".into(),
+                task_id: "t1".into(),
+                ok: true,
+                result: "Hotel Lumiere".into(),
+            },
+            T0 + 1,
+        )
+        .unwrap();
+        assert_eq!(chat.state(), ChatState::Conclusion);
+        assert!(
+            chat.conclusion().unwrap().contains("Hotel Lumiere"),
+            "{:?}",
+            chat.conclusion()
+        );
     }
 
     #[test]

@@ -1035,6 +1035,8 @@ impl Agent {
             let members = self.team(others);
             let mut params = self.launch_params(group_id, task, members, depth);
             params.config.moderated = true;
+            // The inquiry's plan makes the opening assignment.
+            params.config.opening_assignment = false;
             // The host's turns are computed, not generated: nothing to guard against.
             params.config.repetition_guard = false;
             params.max_turns = params.max_turns.max(4);
@@ -1377,7 +1379,6 @@ impl Agent {
         let mut deliveries: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
         let mut peer_events = self.0.swarm.events();
         let mut conclusion = None;
-        let mut opening_done = false;
         let mut reported: std::collections::HashSet<(String, String)> =
             std::collections::HashSet::new();
         loop {
@@ -1402,27 +1403,6 @@ impl Agent {
                             });
                             continue;
                         }
-                        // Opening turn of a launched team: the initiator splits the work,
-                        // one task per recruited member (the model writes the tasks).
-                        let (allowed, schema) = if !opening_done
-                            && member == self.0.me
-                            && turn == 1
-                            && chat.members().len() > 1
-                        {
-                            opening_done = true;
-                            let others: Vec<String> = chat
-                                .members()
-                                .iter()
-                                .filter(|m| m.id != self.0.me)
-                                .map(|m| m.id.clone())
-                                .collect();
-                            (
-                                vec![DecisionType::AssignSync],
-                                opening_schema(&others, chat.config()),
-                            )
-                        } else {
-                            (allowed_types, schema)
-                        };
                         let req = SpeakRequest {
                             group_id: group_id.clone(),
                             goal: goal.clone(),
@@ -1431,7 +1411,7 @@ impl Agent {
                             tasks: chat.tasks().to_vec(),
                             turn,
                             max_turns: chat.max_turns(),
-                            allowed,
+                            allowed: allowed_types,
                             retry: retry.map(|r| describe_rejection(&r)),
                             schema,
                         };
@@ -2037,6 +2017,7 @@ impl Agent {
                 turn_timeout_ms: a.turn_timeout_secs * 1000,
                 task_timeout_ms: a.turn_timeout_secs * 1000 * 3,
                 repetition_guard: self.0.repetition_guard,
+                opening_assignment: true,
                 ..ChatConfig::default()
             },
         }
@@ -2443,42 +2424,6 @@ fn describe_rejection(r: &Rejection) -> String {
             "Your message repeats message {seq}. Add something new, assign a task, or conclude."
         ),
     }
-}
-
-/// The schema of the initiator's opening turn: a synchronous assignment with exactly one
-/// task per other member, in member order; the model writes the task texts.
-fn opening_schema(others: &[String], limits: &ChatConfig) -> serde_json::Value {
-    let items: Vec<serde_json::Value> = others
-        .iter()
-        .map(|id| {
-            serde_json::json!({
-                "type": "object",
-                "properties": {
-                    "assignee": {"enum": [id]},
-                    "task_abstract": {"type": "string", "minLength": 3, "maxLength": limits.max_abstract_chars.min(60)},
-                    "task_desc": {"type": "string", "minLength": 10, "maxLength": limits.max_task_desc_chars.min(300)}
-                },
-                "required": ["assignee", "task_abstract", "task_desc"],
-                "additionalProperties": false
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "type": "object",
-        "properties": {
-            "type": {"enum": ["assign_sync"]},
-            "content": {"type": "string", "minLength": 1, "maxLength": 300},
-            "tasks": {
-                "type": "array",
-                "prefixItems": items,
-                "items": false,
-                "minItems": others.len(),
-                "maxItems": others.len()
-            }
-        },
-        "required": ["type", "content", "tasks"],
-        "additionalProperties": false
-    })
 }
 
 /// `examples`: worked examples from shared memories for the goal (see
