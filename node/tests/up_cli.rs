@@ -598,6 +598,15 @@ fn a_group_whose_host_is_killed_still_concludes() {
             .await
             .expect("submitted JSON");
         let group = submitted["group_id"].as_str().expect("group id").to_owned();
+        // The group answers from the moment its id is handed out.
+        let g = get(a.api, format!("/api/groups/{group}"))
+            .await
+            .expect("the group of a task just submitted");
+        assert!(
+            ["forming", "sync_task_assignment"]
+                .contains(&g["group"]["state"].as_str().unwrap_or_default()),
+            "{g}"
+        );
         // cal's part has started (its person is being asked): the host dies now.
         let t = Instant::now();
         loop {

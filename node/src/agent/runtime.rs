@@ -260,6 +260,10 @@ pub const PROBE_CARDS: usize = 5;
 pub const MAX_PROBED: usize = 12;
 /// Most members a member keeps of a group another node hosts.
 const MAX_GROUP_MEMBERS: usize = 64;
+/// The state of a task's group from submission until a team's chat is launched.
+pub const FORMING: &str = "forming";
+/// The state of a task's group that failed before a chat was launched.
+pub const FAILED: &str = "failed";
 /// How many of the latest groups are looked at for one to resume when a host goes down.
 const RESUMABLE_GROUPS: usize = 50;
 
@@ -286,6 +290,14 @@ struct MemberView {
     /// The members as the host last listed them.
     #[serde(default)]
     members: Vec<MemberRef>,
+}
+
+/// The group of a task this node runs, as stored before (or without) a chat.
+struct OwnGroup<'a> {
+    task: &'a str,
+    group_id: &'a str,
+    parent: Option<String>,
+    depth: u32,
 }
 
 /// A group taken over from a host that went down: that host, the members it had and the
@@ -756,6 +768,19 @@ impl Agent {
         r
     }
 
+    /// Stores the group of a task about to be submitted as `forming`, so that
+    /// `GET /api/groups/{id}` answers for it as soon as its id is handed out
+    /// ([`Agent::submit_as`] does the same when it starts).
+    pub async fn open_group(&self, task: &str, group_id: &str) {
+        let own = OwnGroup {
+            task,
+            group_id,
+            parent: None,
+            depth: 0,
+        };
+        self.persist_own(&own, FORMING, 0, None).await;
+    }
+
     fn keep_result(&self, result: TaskResult) {
         let mut kept = lock(&self.0.results);
         if kept.len() >= KEPT_RESULTS {
@@ -786,27 +811,42 @@ impl Agent {
             group_id: group_id.clone(),
             task: task.to_owned(),
         });
-        let result = match self.0.config.agent.collaboration {
+        // From submission on the task has a group here: `forming` (this node alone) until a
+        // team's chat is launched and stores its own record.
+        let own = OwnGroup {
+            task,
+            group_id: &group_id,
+            parent: parent.clone(),
+            depth,
+        };
+        if resume.is_none() {
+            self.persist_own(&own, FORMING, 0, None).await;
+        }
+        let run = match self.0.config.agent.collaboration {
             Collaboration::Grounded => {
-                self.run_grounded(task, group_id, parent.clone(), depth, resume)
-                    .await?
+                self.run_grounded(task, group_id.clone(), parent.clone(), depth, resume)
+                    .await
             }
             Collaboration::Chat => {
-                self.run_chat(task, group_id, parent.clone(), depth, resume)
-                    .await?
+                self.run_chat(task, group_id.clone(), parent.clone(), depth, resume)
+                    .await
+            }
+        };
+        let result = match run {
+            Ok(r) => r,
+            Err(e) => {
+                if self.still_forming(&group_id).await {
+                    self.persist_own(&own, FAILED, 0, None).await;
+                }
+                return Err(e);
             }
         };
         // A task done alone had no group chat: it is stored as a concluded group of one, so
         // `GET /api/groups/{id}` answers for every task that ended here.
-        match self
-            .0
-            .store
-            .group::<serde_json::Value>(&result.group_id)
-            .await
-        {
-            Ok(Some(_)) => {}
-            Ok(None) => self.persist_alone(task, &result, parent, depth).await,
-            Err(e) => tracing::warn!(error = %e, "cannot read a group"),
+        if self.still_forming(&group_id).await {
+            let concluded = state_name(ChatState::Conclusion);
+            self.persist_own(&own, concluded, result.turns, Some(result.answer.clone()))
+                .await;
         }
         let (p1, c1, _) = self.0.llm.counters().snapshot();
         Ok(TaskResult {
@@ -1719,12 +1759,14 @@ impl Agent {
         }
     }
 
-    async fn persist_alone(
+    /// Stores the group of a task this node runs with no chat of its own (yet): this node
+    /// as its only member, in `state`.
+    async fn persist_own(
         &self,
-        task: &str,
-        result: &TaskResult,
-        parent: Option<String>,
-        depth: u32,
+        g: &OwnGroup<'_>,
+        state: &str,
+        turns: u32,
+        conclusion: Option<String>,
     ) {
         let now = now_ms() as i64;
         let me = MemberRef {
@@ -1732,23 +1774,36 @@ impl Agent {
             name: self.0.name.clone(),
         };
         let rec = GroupRecord {
-            group_id: result.group_id.clone(),
-            parent_group_id: parent,
-            goal: task.to_owned(),
-            state: state_name(ChatState::Conclusion).to_owned(),
+            group_id: g.group_id.to_owned(),
+            parent_group_id: g.parent.clone(),
+            goal: g.task.to_owned(),
+            state: state.to_owned(),
             created_at: now,
             updated_at: now,
             body: GroupBody {
                 members: vec![me],
                 initiator: self.0.me.clone(),
-                turn: result.turns,
-                max_turns: result.turns,
-                depth,
-                conclusion: Some(result.answer.clone()),
+                turn: turns,
+                max_turns: turns,
+                depth: g.depth,
+                conclusion,
             },
         };
         if let Err(e) = self.0.store.upsert_group(&rec).await {
             tracing::warn!(error = %e, "cannot store a group");
+        }
+    }
+
+    /// Whether `group_id`'s record is still the one [`Agent::persist_own`] wrote at
+    /// submission (no chat stored its own), or missing.
+    async fn still_forming(&self, group_id: &str) -> bool {
+        match self.0.store.group::<serde_json::Value>(group_id).await {
+            Ok(Some(g)) => g.state == FORMING,
+            Ok(None) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a group");
+                false
+            }
         }
     }
 

@@ -252,6 +252,7 @@ async fn submit_task(
     }
     let group_id = new_group_id();
     let agent = s.node.agent.clone();
+    agent.open_group(&task, &group_id).await;
     if body.wait {
         s.tasks.started(&group_id, &task);
         let r = agent.submit_as(&task, group_id.clone()).await;

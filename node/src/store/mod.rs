@@ -434,7 +434,7 @@ impl Store {
 
     // ----- groups -----
 
-    /// Inserts or replaces a group.
+    /// Inserts a group, or updates it keeping the `created_at` first stored.
     pub fn upsert_group<T: Serialize>(&self, group: &GroupRecord<T>) -> Pending<()> {
         let body = match encode("group", &group.body) {
             Ok(body) => body,

@@ -200,9 +200,12 @@ pub(super) fn contact(c: &Connection, node_id: &str) -> Result<Option<Contact<Js
 
 pub(super) fn upsert_group(c: &Connection, g: &GroupRecord<Json>) -> Result<()> {
     c.prepare_cached(
-        "INSERT OR REPLACE INTO groups
+        "INSERT INTO groups
              (group_id, parent_group_id, goal, state, created_at, updated_at, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (group_id) DO UPDATE SET
+             parent_group_id = excluded.parent_group_id, goal = excluded.goal,
+             state = excluded.state, updated_at = excluded.updated_at, body = excluded.body",
     )
     .and_then(|mut s| {
         s.execute(params![

@@ -118,6 +118,10 @@ async fn groups_round_trip_newest_first() {
     g1.state = "done".into();
     g1.updated_at = 9;
     store.upsert_group(&g1).await.unwrap();
+    // An update keeps the group's creation time (and so its place in the list).
+    let mut later = g1.clone();
+    later.created_at = 50;
+    store.upsert_group(&later).await.unwrap();
 
     let two: Vec<GroupRecord<Body>> = store.groups(2).await.unwrap();
     assert_eq!(two, vec![group("g3", 3, Some("g1")), group("g2", 2, None)]);
