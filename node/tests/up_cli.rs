@@ -486,13 +486,17 @@ fn node_api_answers(api: SocketAddr, other_model: &Path) {
     });
 }
 
-/// Host failover: ada hosts a grounded task whose two facts are on bea and cal, and is
-/// killed with SIGKILL while cal's part is still running (cal is a human proxy whose person
-/// is asked first and does not answer for a few seconds). The member that succeeds ada
-/// resumes the group from the log it recorded, and the task still concludes with both
-/// facts, on both surviving nodes.
-#[test]
-fn a_group_whose_host_is_killed_still_concludes() {
+/// Three `starling up` processes for the team tests: ada (asks; no documents) and bea and
+/// cal, each with one document. A member marked human is a human proxy whose person never
+/// answers: its tasks wait 4 s, then its documents answer.
+struct Team {
+    _dir: tempfile::TempDir,
+    a: Up,
+    b: Up,
+    c: Up,
+}
+
+fn team(bea: (&str, bool), cal: (&str, bool)) -> Team {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = write_tiny_llama(dir.path(), "tiny", 2048);
     let home = dir.path().join("home");
@@ -519,7 +523,7 @@ fn a_group_whose_host_is_killed_still_concludes() {
         &["--config".into(), config("ada", None, false)],
     );
     let secret = secret_of(a.api);
-    let join = |name: &str, doc: &str, human: bool| {
+    let join = |name: &str, (doc, human): (&str, bool)| {
         up(
             &home,
             &dir.path().join(name),
@@ -535,144 +539,211 @@ fn a_group_whose_host_is_killed_still_concludes() {
             ],
         )
     };
-    let b = join(
-        "bea",
-        "# Quays\n\nQuay Nine at Port Ellery has a berth length of 214 metres.\n",
-        false,
-    );
-    let c = join(
-        "cal",
-        "# Pilots\n\nThe pilot on duty at Port Ellery this week is Morwenna Tregenza.\n",
-        true,
-    );
+    let b = join("bea", bea);
+    let c = join("cal", cal);
     for api in [a.api, b.api, c.api] {
         wait_peers(api, 2);
     }
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let t = Instant::now();
+    while get_json(a.api, "/api/cards")
+        .and_then(|v| v.as_array().map(Vec::len))
+        .unwrap_or(0)
+        < 3
+    {
+        assert!(t.elapsed() < Duration::from_secs(60), "cards never arrived");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Team { _dir: dir, a, b, c }
+}
+
+/// `GET path` on `api`: the JSON body of a success, `None` otherwise.
+fn get_json(api: SocketAddr, path: &str) -> Option<Value> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
-        let http = reqwest::Client::new();
-        let get = |api: SocketAddr, path: String| {
-            let r = http.get(format!("http://{api}{path}")).send();
-            async move {
-                match r.await {
-                    Ok(r) if r.status().is_success() => r.json::<Value>().await.ok(),
-                    _ => None,
-                }
+        match reqwest::get(format!("http://{api}{path}")).await {
+            Ok(r) if r.status().is_success() => r.json::<Value>().await.ok(),
+            _ => None,
+        }
+    })
+}
+
+/// `POST /api/tasks` on `api` with `task` (waiting for the result with `wait`).
+fn submit(api: SocketAddr, task: &str, wait: bool) -> Value {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("http://{api}/api/tasks"))
+            .json(&serde_json::json!({ "task": task, "wait": wait }))
+            .send()
+            .await
+            .expect("submit")
+            .json()
+            .await
+            .expect("task JSON")
+    })
+}
+
+/// Waits until the human proxy at `api` has a question for its person (its task started).
+fn wait_for_person(api: SocketAddr) {
+    let t = Instant::now();
+    while get_json(api, "/api/human").is_none_or(|p| p.as_array().is_none_or(|a| a.is_empty())) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{api} was never given its task"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn kill(node: &mut Up) {
+    let _ = node.child.kill();
+    let _ = node.child.wait();
+}
+
+/// Host failover: ada hosts a grounded task whose two facts are on bea and cal, and is
+/// killed with SIGKILL while cal's part is still running (cal is a human proxy whose person
+/// is asked first and does not answer for a few seconds). The member that succeeds ada
+/// resumes the group from the log it recorded, and the task still concludes with both
+/// facts, on both surviving nodes.
+#[test]
+fn a_group_whose_host_is_killed_still_concludes() {
+    let Team { _dir, mut a, b, c } = team(
+        (
+            "# Quays\n\nQuay Nine at Port Ellery has a berth length of 214 metres.\n",
+            false,
+        ),
+        (
+            "# Pilots\n\nThe pilot on duty at Port Ellery this week is Morwenna Tregenza.\n",
+            true,
+        ),
+    );
+    let question =
+        "How long is the berth at Quay Nine, and who is the pilot on duty at Port Ellery?";
+    // The same task without a fault, for the cost of the failover.
+    let t = Instant::now();
+    let plain = submit(a.api, question, true);
+    let plain_s = t.elapsed().as_secs_f64();
+    assert!(
+        plain["answer"].as_str().is_some_and(|a| a.contains("214")),
+        "{plain}"
+    );
+    let submitted = submit(a.api, question, false);
+    let group = submitted["group_id"].as_str().expect("group id").to_owned();
+    // The group answers from the moment its id is handed out.
+    let g = get_json(a.api, &format!("/api/groups/{group}"))
+        .expect("the group of a task just submitted");
+    assert!(
+        ["forming", "sync_task_assignment"]
+            .contains(&g["group"]["state"].as_str().unwrap_or_default()),
+        "{g}"
+    );
+    // cal's part has started (its person is being asked): the host dies now.
+    wait_for_person(c.api);
+    kill(&mut a);
+    let killed = Instant::now();
+    // Both survivors see the group concluded with both facts.
+    for (name, api) in [("bea", b.api), ("cal", c.api)] {
+        let path = format!("/api/groups/{group}");
+        let detail = loop {
+            if let Some(g) = get_json(api, &path).filter(|g| g["group"]["state"] == "conclusion") {
+                break g;
             }
+            assert!(
+                killed.elapsed() < Duration::from_secs(90),
+                "{name}: the group never concluded after its host was killed: {:?}",
+                get_json(api, &path)
+            );
+            std::thread::sleep(Duration::from_millis(200));
         };
-        let t = Instant::now();
-        while get(a.api, "/api/cards".into())
-            .await
-            .and_then(|v| v.as_array().map(Vec::len))
-            .unwrap_or(0)
-            < 3
-        {
-            assert!(t.elapsed() < Duration::from_secs(60), "cards never arrived");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let question =
-            "How long is the berth at Quay Nine, and who is the pilot on duty at Port Ellery?";
-        // The same task without a fault, for the cost of the failover.
-        let t = Instant::now();
-        let plain: Value = http
-            .post(format!("http://{}/api/tasks", a.api))
-            .json(&serde_json::json!({ "task": question, "wait": true }))
-            .send()
-            .await
-            .expect("submit")
-            .json()
-            .await
-            .expect("result JSON");
-        let plain_s = t.elapsed().as_secs_f64();
+        let messages = detail["messages"].as_array().expect("messages");
+        let last = messages.last().expect("a message");
+        assert_eq!(last["msg_type"], "conclude", "{name}: {detail}");
+        let conclusion = last["content"].as_str().unwrap_or_default();
         assert!(
-            plain["answer"].as_str().is_some_and(|a| a.contains("214")),
-            "{plain}"
+            conclusion.contains("214") && conclusion.contains("Morwenna Tregenza"),
+            "{name}: {conclusion}"
         );
-        let submitted: Value = http
-            .post(format!("http://{}/api/tasks", a.api))
-            .json(&serde_json::json!({ "task": question }))
-            .send()
-            .await
-            .expect("submit")
-            .json()
-            .await
-            .expect("submitted JSON");
-        let group = submitted["group_id"].as_str().expect("group id").to_owned();
-        // The group answers from the moment its id is handed out.
-        let g = get(a.api, format!("/api/groups/{group}"))
-            .await
-            .expect("the group of a task just submitted");
+        // The handover is in the log, in the lost host's name.
         assert!(
-            ["forming", "sync_task_assignment"]
-                .contains(&g["group"]["state"].as_str().unwrap_or_default()),
-            "{g}"
+            messages.iter().any(|m| m["msg_type"] == "member_left"
+                && m["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("resumes")),
+            "{name}: {detail}"
         );
-        // cal's part has started (its person is being asked): the host dies now.
-        let t = Instant::now();
-        loop {
-            let pending = get(c.api, "/api/human".into()).await;
-            if pending.is_some_and(|p| p.as_array().is_some_and(|a| !a.is_empty())) {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "cal was never given its task"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let seqs: Vec<u64> = messages.iter().filter_map(|m| m["seq"].as_u64()).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{name}: {seqs:?}");
+    }
+    eprintln!(
+        "without a fault the task took {plain_s:.1} s; with the host killed it concluded on \
+         both survivors {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    // The successor answers for the task too.
+    let answered = [b.api, c.api]
+        .into_iter()
+        .filter_map(|api| get_json(api, &format!("/api/tasks/{group}")))
+        .filter(|r| r["answer"].as_str().is_some_and(|a| a.contains("214")))
+        .count();
+    assert_eq!(answered, 1, "exactly one survivor hosts the resumed group");
+}
+
+/// A member killed with SIGKILL as its task starts: its sub-question goes to the other
+/// node holding the fact, and the answer still has it. bea's sentence matches more of the
+/// question, so bea is asked first (a human proxy: its person is asked and does not answer
+/// for a few seconds); cal says the same in other words.
+#[test]
+fn a_member_killed_as_its_task_starts_still_yields_its_fact_from_another_holder() {
+    let Team { _dir, a, mut b, c } = team(
+        (
+            "# Harbour staff\n\nThe harbour master at Port Ellery is Morwenna Tregenza.\n",
+            true,
+        ),
+        (
+            "# Notes\n\nPort Ellery harbour office: Morwenna Tregenza is in charge.\n",
+            false,
+        ),
+    );
+    let question = "Who is the harbour master at Port Ellery?";
+    let t = Instant::now();
+    let plain = submit(a.api, question, true);
+    let plain_s = t.elapsed().as_secs_f64();
+    assert_eq!(plain["citations"][0]["node"], "bea", "{plain}");
+    let submitted = submit(a.api, question, false);
+    let group = submitted["group_id"].as_str().expect("group id").to_owned();
+    wait_for_person(b.api);
+    kill(&mut b);
+    let killed = Instant::now();
+    let path = format!("/api/tasks/{group}");
+    let result = loop {
+        if let Some(r) = get_json(a.api, &path).filter(|r| r["answer"].is_string()) {
+            break r;
         }
-        let mut a = a;
-        let _ = a.child.kill();
-        let _ = a.child.wait();
-        let killed = Instant::now();
-        // Both survivors see the group concluded with both facts.
-        for (name, api) in [("bea", b.api), ("cal", c.api)] {
-            let detail = loop {
-                let g = get(api, format!("/api/groups/{group}")).await;
-                if let Some(g) = g.filter(|g| g["group"]["state"] == "conclusion") {
-                    break g;
-                }
-                assert!(
-                    killed.elapsed() < Duration::from_secs(90),
-                    "{name}: the group never concluded after its host was killed: {:?}",
-                    get(api, format!("/api/groups/{group}")).await
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            };
-            let messages = detail["messages"].as_array().expect("messages");
-            let last = messages.last().expect("a message");
-            assert_eq!(last["msg_type"], "conclude", "{name}: {detail}");
-            let conclusion = last["content"].as_str().unwrap_or_default();
-            assert!(
-                conclusion.contains("214") && conclusion.contains("Morwenna Tregenza"),
-                "{name}: {conclusion}"
-            );
-            // The handover is in the log, in the lost host's name.
-            assert!(
-                messages.iter().any(|m| m["msg_type"] == "member_left"
-                    && m["content"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .contains("resumes")),
-                "{name}: {detail}"
-            );
-            let seqs: Vec<u64> = messages.iter().filter_map(|m| m["seq"].as_u64()).collect();
-            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{name}: {seqs:?}");
-        }
-        eprintln!(
-            "without a fault the task took {plain_s:.1} s; with the host killed it concluded on \
-             both survivors {:.1} s after the kill",
-            killed.elapsed().as_secs_f64()
+        assert!(
+            killed.elapsed() < Duration::from_secs(90),
+            "the task never ended after bea was killed: {:?}",
+            get_json(a.api, &path)
         );
-        // The successor answers for the task too.
-        let mut answered = 0;
-        for api in [b.api, c.api] {
-            if let Some(r) = get(api, format!("/api/tasks/{group}")).await {
-                if r["answer"].as_str().is_some_and(|a| a.contains("214")) {
-                    answered += 1;
-                }
-            }
-        }
-        assert_eq!(answered, 1, "exactly one survivor hosts the resumed group");
-    });
-    drop((b, c));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        result["answer"]
+            .as_str()
+            .is_some_and(|a| a.contains("Morwenna Tregenza")),
+        "{result}\n{:?}",
+        get_json(a.api, &format!("/api/groups/{group}"))
+    );
+    assert_eq!(result["citations"][0]["node"], "cal", "{result}");
+    eprintln!(
+        "without a fault the task took {plain_s:.1} s; with bea killed it ended {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    drop(c);
 }

@@ -74,7 +74,7 @@ impl Agent {
         // stops the member's work on it (the RPC layer tells the member).
         let mut calls: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
         let mut task_calls: HashMap<String, tokio::task::AbortHandle> = HashMap::new();
-        let mut deliveries: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
+        let mut deliveries = Couriers::new(self.0.swarm.clone());
         let mut peer_events = self.0.swarm.events();
         let mut conclusion = None;
         let mut reported: std::collections::HashSet<(String, String)> =
@@ -283,7 +283,7 @@ impl Agent {
                 }
                 // The conclusion (and any message before it) reaches the members before the
                 // group's calls are dropped; each delivery is bounded by the RPC timeout.
-                while deliveries.join_next().await.is_some() {}
+                deliveries.finish().await;
                 self.emit(AgentEvent::Concluded {
                     group_id: group_id.clone(),
                     conclusion: full.clone(),
@@ -318,7 +318,7 @@ impl Agent {
                 _ = self.0.cancel.cancelled() => return Err(AgentError::Other("the node is shutting down".into())),
                 i = rx.recv() => match i { Some(i) => i, None => continue },
                 Some(_) = calls.join_next(), if !calls.is_empty() => continue,
-                Some(_) = deliveries.join_next(), if !deliveries.is_empty() => continue,
+                Some(_) = deliveries.join_next(), if deliveries.running() => continue,
                 ev = peer_events.recv() => match ev {
                     Ok(SwarmEvent::PeerDown(id)) => {
                         let id = id.to_string();
@@ -328,9 +328,21 @@ impl Agent {
                 },
                 _ = sleep => Input::Tick,
             };
+            // A member that went down: its sub-questions' next holders join first, so that
+            // the group is not left to the host alone (which would force the conclusion).
+            if let (Input::MemberDown(down), Some(i)) = (&input, &inquiry) {
+                let theirs: Vec<(String, String)> = chat
+                    .tasks()
+                    .iter()
+                    .filter(|t| t.state == TaskState::Running && t.assignee == *down)
+                    .map(|t| (t.assignee.clone(), t.desc.clone()))
+                    .collect();
+                self.reroute(&mut chat, i, theirs, clock());
+            }
             if let Err(e) = chat.handle(input, clock()) {
                 tracing::debug!(group = %group_id, error = %e, "chat input refused");
             }
+            let mut ended = Vec::new();
             for t in chat.tasks() {
                 if t.state != TaskState::Running
                     && reported.insert((t.id.clone(), format!("{:?}", t.state)))
@@ -341,7 +353,40 @@ impl Agent {
                         assignee: self.name_of(&t.assignee),
                         state: t.state,
                     });
+                    if t.state != TaskState::Done {
+                        ended.push((t.assignee.clone(), t.desc.clone()));
+                    }
                 }
+            }
+            // A sub-question whose task the machine ended unfinished (its assignee went
+            // down, or the task timed out) goes to the next node that found a value, which
+            // joins before the host's next turn is taken. (A call that comes back with no
+            // evidence is re-routed where it returns; asking again here finds nothing.)
+            if let Some(i) = &inquiry {
+                self.reroute(&mut chat, i, ended, clock());
+            }
+        }
+    }
+
+    /// Sends each of `steps` (assignee, sub-question) that failed to the next node that
+    /// found a value for it, which joins the group when it is not a member.
+    fn reroute(
+        &self,
+        chat: &mut GroupChat,
+        inquiry: &Mutex<Inquiry>,
+        steps: Vec<(String, String)>,
+        now: u64,
+    ) {
+        for (assignee, desc) in steps {
+            let next = lock(inquiry).failed(&assignee, &desc);
+            let Some(next) = next else { continue };
+            tracing::info!(from = %assignee, to = %next, "sub-question re-assigned");
+            if chat.members().iter().any(|m| m.id == next) {
+                continue;
+            }
+            let name = self.name_of(&next);
+            if let Err(e) = chat.handle(Input::Recruit(MemberRef { id: next, name }), now) {
+                tracing::debug!(group = %chat.group_id(), error = %e, "recruit refused");
             }
         }
     }
@@ -351,7 +396,7 @@ impl Agent {
         chat: &GroupChat,
         goal: &str,
         message: Message,
-        deliveries: &mut tokio::task::JoinSet<()>,
+        deliveries: &mut Couriers,
     ) {
         let sender_name = self.name_of(&message.sender);
         let note = MessageNote {
@@ -370,15 +415,10 @@ impl Agent {
             self.0
                 .messages_sent
                 .fetch_add(others.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            let body = serde_json::to_vec(&note).unwrap_or_default();
-            let swarm = self.0.swarm.clone();
-            deliveries.spawn(async move {
-                for (peer, r) in swarm.fan_out(&others, SERVICE, "message", body).await {
-                    if let Err(e) = r {
-                        tracing::debug!(peer = %peer.short(), error = %e, "message not delivered");
-                    }
-                }
-            });
+            let body = Arc::new(serde_json::to_vec(&note).unwrap_or_default());
+            for peer in others {
+                deliveries.send(peer, body.clone());
+            }
         }
     }
 
@@ -665,5 +705,61 @@ pub(super) fn describe_rejection(r: &Rejection) -> String {
         Rejection::Repeats { seq, .. } => format!(
             "Your message repeats message {seq}. Add something new, assign a task, or conclude."
         ),
+    }
+}
+
+/// A group's message deliveries: one task per member sends that member the messages one
+/// at a time, in the order recorded, so that a member's copy of the log (and of the
+/// group's state) never goes back; a slow member holds up only its own messages. Each
+/// delivery is bounded by the RPC timeout; one that fails is logged and the next goes on.
+pub(super) struct Couriers {
+    swarm: Swarm,
+    queues: HashMap<NodeId, tokio::sync::mpsc::UnboundedSender<Arc<Vec<u8>>>>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Couriers {
+    pub(super) fn new(swarm: Swarm) -> Self {
+        Self {
+            swarm,
+            queues: HashMap::new(),
+            tasks: tokio::task::JoinSet::new(),
+        }
+    }
+
+    /// Queues `body` (an `agent/message` note) for `peer`.
+    pub(super) fn send(&mut self, peer: NodeId, body: Arc<Vec<u8>>) {
+        let queue = self.queues.entry(peer).or_insert_with(|| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Vec<u8>>>();
+            let swarm = self.swarm.clone();
+            self.tasks.spawn(async move {
+                while let Some(body) = rx.recv().await {
+                    let r = swarm
+                        .call(peer, SERVICE, "message", body.as_ref().clone())
+                        .await;
+                    if let Err(e) = r {
+                        tracing::debug!(peer = %peer.short(), error = %e, "message not delivered");
+                    }
+                }
+            });
+            tx
+        });
+        let _ = queue.send(body);
+    }
+
+    /// Whether a courier is still running (for `join_next` in a `select!`).
+    pub(super) fn running(&self) -> bool {
+        !self.tasks.is_empty()
+    }
+
+    /// The next courier that ended (a member's queue closed).
+    pub(super) async fn join_next(&mut self) -> Option<()> {
+        self.tasks.join_next().await.map(|_| ())
+    }
+
+    /// Delivers everything queued, then returns.
+    pub(super) async fn finish(&mut self) {
+        self.queues.clear();
+        while self.tasks.join_next().await.is_some() {}
     }
 }
