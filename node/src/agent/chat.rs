@@ -2756,6 +2756,21 @@ mod tests {
         assert_eq!(fx[0], lost_to_repetition("c"));
     }
 
+    /// a assigns t1 (hotels) to b and t2 (trains) to c.
+    fn split_hotels_and_trains(chat: &mut GroupChat) {
+        say(
+            chat,
+            "a",
+            assign(
+                DecisionType::AssignSync,
+                "split",
+                &[("b", "hotels"), ("c", "trains")],
+                &[],
+            ),
+            T0,
+        );
+    }
+
     /// The allowed types and schema of the one `AskSpeaker` in `fx`.
     fn ask_of(fx: &[Effect]) -> (String, Vec<DecisionType>, Value) {
         let asks: Vec<_> = fx
@@ -2788,17 +2803,7 @@ mod tests {
         );
         assert_eq!(schema["properties"]["tasks"]["minItems"], 2);
         // Only the first turn: the next one is free.
-        say(
-            &mut chat,
-            "a",
-            assign(
-                DecisionType::AssignSync,
-                "split",
-                &[("b", "hotels"), ("c", "trains")],
-                &[],
-            ),
-            T0,
-        );
+        split_hotels_and_trains(&mut chat);
         for (from, id) in [("b", "t1"), ("c", "t2")] {
             chat.handle(
                 Input::TaskResult {
@@ -2872,17 +2877,7 @@ mod tests {
     fn a_resumed_chat_goes_on_after_the_recorded_log() {
         // a hosts and assigns t1 to b and t2 to c; a is lost after b's report.
         let (mut chat, _) = launch(&["a", "b", "c"], 6);
-        say(
-            &mut chat,
-            "a",
-            assign(
-                DecisionType::AssignSync,
-                "split",
-                &[("b", "hotels"), ("c", "trains")],
-                &[],
-            ),
-            T0,
-        );
+        split_hotels_and_trains(&mut chat);
         chat.handle(
             Input::TaskResult {
                 from: "b".into(),
