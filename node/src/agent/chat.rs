@@ -2804,19 +2804,9 @@ mod tests {
         assert_eq!(schema["properties"]["tasks"]["minItems"], 2);
         // Only the first turn: the next one is free.
         split_hotels_and_trains(&mut chat);
-        for (from, id) in [("b", "t1"), ("c", "t2")] {
-            chat.handle(
-                Input::TaskResult {
-                    from: from.into(),
-                    task_id: id.into(),
-                    ok: true,
-                    result: format!("{from} done"),
-                },
-                T0 + 1,
-            )
-            .unwrap();
-        }
-        let (_, allowed, _) = ask_of(&drain(&mut chat));
+        report(&mut chat, "b", "t1", true, "b done");
+        let fx = report(&mut chat, "c", "t2", true, "c done");
+        let (_, allowed, _) = ask_of(&fx);
         assert!(allowed.contains(&DecisionType::Discuss), "{allowed:?}");
         // Without the option the first turn is free too, and a group of one has nobody
         // to assign to.
@@ -2841,16 +2831,7 @@ mod tests {
             T0,
         );
         assert_eq!(chat.task("t1").unwrap().state, TaskState::Running);
-        chat.handle(
-            Input::TaskResult {
-                from: "b".into(),
-                task_id: "t1".into(),
-                ok: true,
-                result: "Hotel Lumiere".into(),
-            },
-            T0 + 1,
-        )
-        .unwrap();
+        report(&mut chat, "b", "t1", true, "Hotel Lumiere");
         assert_eq!(chat.state(), ChatState::Conclusion);
         assert!(
             chat.conclusion().unwrap().contains("Hotel Lumiere"),
@@ -2878,16 +2859,7 @@ mod tests {
         // a hosts and assigns t1 to b and t2 to c; a is lost after b's report.
         let (mut chat, _) = launch(&["a", "b", "c"], 6);
         split_hotels_and_trains(&mut chat);
-        chat.handle(
-            Input::TaskResult {
-                from: "b".into(),
-                task_id: "t1".into(),
-                ok: true,
-                result: "Hotel Lumiere".into(),
-            },
-            T0 + 1,
-        )
-        .unwrap();
+        report(&mut chat, "b", "t1", true, "Hotel Lumiere");
         // What b recorded, t1's assignment missed.
         let mut log: Vec<Message> = chat.messages().to_vec();
         assert_eq!(log[0].task_id.as_deref(), Some("t1"), "{log:?}");
@@ -2903,7 +2875,7 @@ mod tests {
         foreign.task_id = Some("t9".into());
         let mut recorded = log.clone();
         recorded.push(foreign);
-        let mut resumed = GroupChat::resume(p, recorded, "a", T0 + 2).unwrap();
+        let mut resumed = GroupChat::resume(p, recorded, "a", T0 + 20).unwrap();
         let fx = drain(&mut resumed);
         let msgs = broadcasts(&fx);
         assert_eq!(msgs[0].msg_type, MessageType::MemberLeft);
@@ -2919,7 +2891,7 @@ mod tests {
             &mut resumed,
             "b",
             assign(DecisionType::AssignSync, "again", &[("c", "trains")], &[]),
-            T0 + 3,
+            T0 + 21,
         );
         assert!(resumed.task("t3").is_some(), "{:?}", resumed.tasks());
         assert_eq!(resumed.task("t3").unwrap().assignee, "c");

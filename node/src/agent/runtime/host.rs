@@ -19,28 +19,24 @@ impl Agent {
     /// The members of a resumed group other than its lost host and this node that
     /// membership does not report down, as (id, name).
     pub(super) fn survivors(&self, r: &Resume) -> Vec<(String, String)> {
+        let view = self.membership();
         r.members
             .iter()
-            .filter(|m| m.id != r.previous_host && m.id != self.0.me && !self.is_down(&m.id))
+            .filter(|m| m.id != r.previous_host && m.id != self.0.me && !view.is_down(&m.id))
             .map(|m| (m.id.clone(), m.name.clone()))
             .collect()
     }
 
-    /// Whether membership has declared `id` down (a node it does not know is not).
-    pub(super) fn is_down(&self, id: &str) -> bool {
-        self.peer_state(id) == Some(PeerState::Down)
-    }
-
-    pub(super) fn peer_state(&self, id: &str) -> Option<PeerState> {
-        if id == self.0.me {
-            return Some(PeerState::Alive);
-        }
-        self.0
-            .swarm
-            .peers()
-            .into_iter()
-            .find(|p| p.id.to_string() == id)
-            .map(|p| p.state)
+    /// What membership knows of every peer now, read once for one decision.
+    pub(super) fn membership(&self) -> Membership {
+        Membership(
+            self.0
+                .swarm
+                .peers()
+                .into_iter()
+                .map(|p| (p.id.to_string(), p.state))
+                .collect(),
+        )
     }
 
     /// Hosts a group chat to its conclusion: a new one, or with `resume` one whose host
@@ -461,7 +457,7 @@ impl Agent {
     /// as its only member, in `state`.
     pub(super) async fn persist_own(
         &self,
-        g: &OwnGroup<'_>,
+        g: &Job<'_>,
         state: &str,
         turns: u32,
         conclusion: Option<String>,
@@ -659,8 +655,9 @@ impl Agent {
             let Ok(view) = serde_json::from_value::<MemberView>(g.body) else {
                 continue;
             };
+            let peers = self.membership();
             let mine = view.host == dead
-                && successor(&view.members, &dead, |id| !self.is_down(id))
+                && successor(&view.members, &dead, |id| !peers.is_down(id))
                     .is_some_and(|m| m.id == self.0.me);
             if !mine {
                 continue;
@@ -761,5 +758,21 @@ impl Couriers {
     pub(super) async fn finish(&mut self) {
         self.queues.clear();
         while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// A snapshot of membership: node id → state. A node it does not know (this one among
+/// them) counts as up.
+pub(super) struct Membership(HashMap<String, PeerState>);
+
+impl Membership {
+    /// Whether membership has declared `id` down.
+    pub(super) fn is_down(&self, id: &str) -> bool {
+        self.0.get(id) == Some(&PeerState::Down)
+    }
+
+    /// Whether `id` is suspected or declared down.
+    pub(super) fn is_failing(&self, id: &str) -> bool {
+        matches!(self.0.get(id), Some(PeerState::Suspect | PeerState::Down))
     }
 }

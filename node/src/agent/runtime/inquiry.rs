@@ -16,12 +16,15 @@ impl Agent {
     /// anything) it answers alone.
     pub(super) async fn run_grounded(
         &self,
-        task: &str,
-        group_id: String,
-        parent: Option<String>,
-        depth: u32,
+        job: &Job<'_>,
         resume: Option<Resume>,
     ) -> Result<TaskResult, AgentError> {
+        let (task, group_id, parent, depth) = (
+            job.task,
+            job.group_id.to_owned(),
+            job.parent.clone(),
+            job.depth,
+        );
         let planner = Planner::new(task);
         // Whom to probe. Probing costs no model call (each node matches text against its
         // own documents), so a swarm of at most MAX_PROBED known nodes is probed whole: a
@@ -39,10 +42,11 @@ impl Agent {
             .collect();
         // Nodes membership has declared down are not probed (a call to them would wait for
         // its timeout).
+        let peers = self.membership();
         let known: Vec<String> = cards
             .iter()
             .map(|(id, _)| id.clone())
-            .filter(|id| *id != self.0.me && !self.is_down(id))
+            .filter(|id| *id != self.0.me && !peers.is_down(id))
             .collect();
         let search_each_probe = known.len() > MAX_PROBED;
         let mut candidates: Vec<String> = if search_each_probe { Vec::new() } else { known };

@@ -34,12 +34,9 @@ impl Agent {
         let Ok(view) = serde_json::from_value::<MemberView>(body.clone()) else {
             return false;
         };
-        let host_gone = matches!(
-            self.peer_state(&view.host),
-            Some(PeerState::Suspect | PeerState::Down)
-        );
-        host_gone
-            && successor(&view.members, &view.host, |id| !self.is_down(id))
+        let peers = self.membership();
+        peers.is_failing(&view.host)
+            && successor(&view.members, &view.host, |id| !peers.is_down(id))
                 .is_some_and(|m| m.id == from)
     }
 

@@ -306,8 +306,9 @@ struct MemberView {
     members: Vec<MemberRef>,
 }
 
-/// The group of a task this node runs, as stored before (or without) a chat.
-struct OwnGroup<'a> {
+/// A task this node runs: what, under which group id, below which parent group, at which
+/// nesting depth.
+struct Job<'a> {
     task: &'a str,
     group_id: &'a str,
     parent: Option<String>,
@@ -786,7 +787,7 @@ impl Agent {
     /// `GET /api/groups/{id}` answers for it as soon as its id is handed out
     /// ([`Agent::submit_as`] does the same when it starts).
     pub async fn open_group(&self, task: &str, group_id: &str) {
-        let own = OwnGroup {
+        let own = Job {
             task,
             group_id,
             parent: None,
@@ -827,24 +828,18 @@ impl Agent {
         });
         // From submission on the task has a group here: `forming` (this node alone) until a
         // team's chat is launched and stores its own record.
-        let own = OwnGroup {
+        let own = Job {
             task,
             group_id: &group_id,
-            parent: parent.clone(),
+            parent,
             depth,
         };
         if resume.is_none() {
             self.persist_own(&own, FORMING, 0, None).await;
         }
         let run = match self.0.config.agent.collaboration {
-            Collaboration::Grounded => {
-                self.run_grounded(task, group_id.clone(), parent.clone(), depth, resume)
-                    .await
-            }
-            Collaboration::Chat => {
-                self.run_chat(task, group_id.clone(), parent.clone(), depth, resume)
-                    .await
-            }
+            Collaboration::Grounded => self.run_grounded(&own, resume).await,
+            Collaboration::Chat => self.run_chat(&own, resume).await,
         };
         let result = match run {
             Ok(r) => r,
@@ -873,12 +868,15 @@ impl Agent {
     /// conclusion (`[agent] collaboration = "chat"`).
     async fn run_chat(
         &self,
-        task: &str,
-        group_id: String,
-        parent: Option<String>,
-        depth: u32,
+        job: &Job<'_>,
         resume: Option<Resume>,
     ) -> Result<TaskResult, AgentError> {
+        let (task, group_id, parent, depth) = (
+            job.task,
+            job.group_id.to_owned(),
+            job.parent.clone(),
+            job.depth,
+        );
         // A resumed group keeps the team its host formed.
         if let Some(r) = resume {
             let members = self.team(self.survivors(&r));
