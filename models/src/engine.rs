@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::arch::{self, Transformer};
 use crate::chat::{ChatMessage, ChatTemplate};
@@ -245,11 +245,83 @@ struct Job {
     tx: mpsc::UnboundedSender<Result<Chunk>>,
 }
 
+/// Work for the inference thread.
+enum Work {
+    Generate(Box<Job>),
+    Score(ScoreJob),
+}
+
+struct ScoreJob {
+    /// What comes before; its last token gives the first scored token's distribution.
+    context: Vec<u32>,
+    /// The tokens scored.
+    scored: Vec<u32>,
+    /// Alternatives reported per token.
+    top: usize,
+    tx: oneshot::Sender<Result<Vec<TokenLogprob>>>,
+}
+
+/// A given text scored as the continuation of a prompt: the log-probability the model gives
+/// each of its tokens (natural log, temperature 1, no penalty, no constraint).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    /// The scored tokens, in order.
+    pub tokens: Vec<u32>,
+    /// `entries[i]` is `tokens[i]`'s log-probability after everything before it, with the
+    /// most likely tokens at its place when asked for.
+    pub entries: Vec<TokenLogprob>,
+}
+
+impl Scored {
+    /// The log-probability of the whole scored text.
+    pub fn total(&self) -> f32 {
+        self.entries.iter().map(|e| e.chosen.logprob).sum()
+    }
+
+    /// The mean log-probability per token (0 when nothing was scored).
+    pub fn mean(&self) -> f32 {
+        if self.entries.is_empty() {
+            0.0
+        } else {
+            self.total() / self.entries.len() as f32
+        }
+    }
+}
+
+/// A queued scoring request ([`Engine::score`]).
+pub struct Scoring {
+    tokens: Vec<u32>,
+    rx: oneshot::Receiver<Result<Vec<TokenLogprob>>>,
+}
+
+impl Scoring {
+    /// Waits for the result.
+    pub async fn wait(self) -> Result<Scored> {
+        let entries = self.rx.await.map_err(|_| ModelError::EngineStopped)??;
+        Ok(Scored {
+            tokens: self.tokens,
+            entries,
+        })
+    }
+
+    /// Blocking variant of `wait`, for synchronous callers (never from async code).
+    pub fn blocking_wait(self) -> Result<Scored> {
+        let entries = self
+            .rx
+            .blocking_recv()
+            .map_err(|_| ModelError::EngineStopped)??;
+        Ok(Scored {
+            tokens: self.tokens,
+            entries,
+        })
+    }
+}
+
 /// Handle to a loaded model. Cheap to clone; the model thread ends when the last handle
 /// (and the last queued request) is gone.
 #[derive(Clone)]
 pub struct Engine {
-    jobs: std_mpsc::Sender<Job>,
+    jobs: std_mpsc::Sender<Work>,
     tokenizer: Arc<GgufTokenizer>,
     template: Arc<ChatTemplate>,
     info: Arc<ModelInfo>,
@@ -277,7 +349,7 @@ impl Engine {
             quantization: dominant_quantization(&file),
             file_size: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
         });
-        let (jobs, rx) = std_mpsc::channel::<Job>();
+        let (jobs, rx) = std_mpsc::channel::<Work>();
         let worker = Worker {
             model,
             device,
@@ -388,14 +460,81 @@ impl Engine {
             .transpose()?;
         let (tx, rx) = mpsc::unbounded_channel();
         self.jobs
-            .send(Job {
+            .send(Work::Generate(Box::new(Job {
                 prompt,
                 req,
                 constraint,
                 tx,
-            })
+            })))
             .map_err(|_| ModelError::EngineStopped)?;
         Ok(Generation { rx })
+    }
+
+    /// Queues the scoring of `continuation` as what follows `prompt`: the log-probability
+    /// of each of its tokens. This is how a model judges a given text instead of writing
+    /// one, as in re-ranking passages by how likely a question is after each of them.
+    pub fn score(&self, prompt: &Prompt, continuation: &str) -> Result<Scoring> {
+        let tokens = self.tokenizer.encode(continuation, false)?;
+        self.score_tokens(prompt, tokens)
+    }
+
+    /// [`score`](Self::score) for a continuation given as token ids.
+    pub fn score_tokens(&self, prompt: &Prompt, tokens: Vec<u32>) -> Result<Scoring> {
+        let context = self.prompt_tokens(prompt)?;
+        self.queue_score(context, tokens, 0)
+    }
+
+    /// Scores a raw text as a whole (OpenAI's `echo` with `logprobs`): the text's tokens
+    /// and, for every token with something before it, its log-probability and the `top`
+    /// most likely tokens at its place. The first token has no entry unless the model
+    /// starts its input with BOS (nothing precedes it). Returns the text's tokens (without
+    /// BOS) and the scoring, whose entries cover the last `entries.len()` of them.
+    pub fn score_text(&self, text: &str, top: usize) -> Result<(Vec<u32>, Option<Scoring>)> {
+        if top > MAX_TOP_LOGPROBS {
+            return Err(ModelError::InvalidRequest(format!(
+                "at most {MAX_TOP_LOGPROBS} alternatives per token can be reported"
+            )));
+        }
+        let tokens = self.tokenizer.encode(text, false)?;
+        let bos = self.tokenizer.bos_id().filter(|_| self.tokenizer.add_bos());
+        let (context, scored) = match (bos, tokens.split_first()) {
+            (_, None) => return Ok((tokens, None)),
+            (Some(b), Some(_)) => (vec![b], tokens.clone()),
+            (None, Some((_, []))) => return Ok((tokens, None)),
+            (None, Some((&first, rest))) => (vec![first], rest.to_vec()),
+        };
+        let scoring = self.queue_score(context, scored, top)?;
+        Ok((tokens, Some(scoring)))
+    }
+
+    fn queue_score(&self, context: Vec<u32>, scored: Vec<u32>, top: usize) -> Result<Scoring> {
+        if context.is_empty() || scored.is_empty() {
+            return Err(ModelError::InvalidRequest(
+                "scoring needs a prompt and a continuation".into(),
+            ));
+        }
+        if let Some(bad) = scored.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+            return Err(ModelError::InvalidRequest(format!(
+                "token {bad} is outside the vocabulary"
+            )));
+        }
+        let needed = context.len() + scored.len();
+        if needed > self.info.context_length {
+            return Err(ModelError::ContextOverflow {
+                needed,
+                max: self.info.context_length,
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send(Work::Score(ScoreJob {
+                context,
+                scored: scored.clone(),
+                top,
+                tx,
+            }))
+            .map_err(|_| ModelError::EngineStopped)?;
+        Ok(Scoring { tokens: scored, rx })
     }
 }
 
@@ -410,23 +549,65 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(mut self, jobs: std_mpsc::Receiver<Job>) {
+    fn run(mut self, jobs: std_mpsc::Receiver<Work>) {
         let device = self.device.clone();
-        while let Ok(job) = jobs.recv() {
-            if job.tx.is_closed() {
-                continue;
-            }
-            let tx = job.tx.clone();
-            let result = device.with_context(|| self.serve(job));
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "generation failed");
-                // The cache may hold a partial forward pass: forget it.
-                self.model.truncate(0);
-                self.cached.clear();
-                let _ = tx.send(Err(e));
+        while let Ok(work) = jobs.recv() {
+            match work {
+                Work::Generate(job) => {
+                    if job.tx.is_closed() {
+                        continue;
+                    }
+                    let tx = job.tx.clone();
+                    let result = device.with_context(|| self.serve(*job));
+                    if let Err(e) = result {
+                        tracing::warn!(error = %e, "generation failed");
+                        self.forget();
+                        let _ = tx.send(Err(e));
+                    }
+                }
+                Work::Score(job) => {
+                    if job.tx.is_closed() {
+                        continue;
+                    }
+                    let result =
+                        device.with_context(|| self.score(&job.context, &job.scored, job.top));
+                    if result.is_err() {
+                        self.forget();
+                    }
+                    let _ = job.tx.send(result);
+                }
             }
         }
         tracing::debug!("inference thread stopped");
+    }
+
+    /// Forgets the cache after a failed pass (it may hold part of one).
+    fn forget(&mut self) {
+        self.model.truncate(0);
+        self.cached.clear();
+    }
+
+    /// The log-probability (and `top` alternatives) of each token of `scored` after
+    /// `context`.
+    fn score(&mut self, context: &[u32], scored: &[u32], top: usize) -> Result<Vec<TokenLogprob>> {
+        let tokenizer = self.tokenizer.clone();
+        let (first, _) = self.prefill(context)?;
+        let mut out = Vec::with_capacity(scored.len());
+        out.push(token_logprob(&tokenizer, &first, scored[0], top));
+        let (fed, _) = scored.split_at(scored.len() - 1);
+        // A batched pass gives the logits after each fed token: a whole vocabulary of them
+        // per token, so the passes are short.
+        const CHUNK: usize = 32;
+        for (c, tokens) in fed.chunks(CHUNK).enumerate() {
+            let all = self.model.forward_all(tokens)?;
+            self.cached.extend_from_slice(tokens);
+            let vocab = self.model.vocab_size();
+            let next = &scored[1 + c * CHUNK..];
+            for (logits, &t) in all.chunks_exact(vocab).zip(next) {
+                out.push(token_logprob(&tokenizer, logits, t, top));
+            }
+        }
+        Ok(out)
     }
 
     /// Runs the prompt through the model, reusing the longest cached prefix, and returns the
@@ -555,16 +736,21 @@ impl Worker {
     }
 }
 
-/// The log-probability of `token` under `logits` (log-softmax) and the `k` most likely
-/// tokens.
-fn token_logprob(tokenizer: &GgufTokenizer, logits: &[f32], token: u32, k: usize) -> TokenLogprob {
+/// The log of the softmax's normaliser: `ln Σ exp(logit)`, computed stably.
+fn log_normaliser(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits
         .iter()
         .map(|&l| f64::from(l - max).exp())
         .filter(|e| e.is_finite())
         .sum();
-    let log_z = max + sum.ln() as f32;
+    max + sum.ln() as f32
+}
+
+/// The log-probability of `token` under `logits` (log-softmax) and the `k` most likely
+/// tokens.
+fn token_logprob(tokenizer: &GgufTokenizer, logits: &[f32], token: u32, k: usize) -> TokenLogprob {
+    let log_z = log_normaliser(logits);
     let prob = |id: u32| {
         let bytes = if (id as usize) < tokenizer.vocab_size() {
             tokenizer.token_bytes(id).to_vec()

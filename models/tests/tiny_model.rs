@@ -400,3 +400,112 @@ async fn logprobs_score_every_generated_token_and_its_best_alternatives() {
     too_many.logprobs = Some(21);
     assert!(engine.generate(too_many).is_err());
 }
+
+#[test]
+fn forward_all_gives_each_positions_logits_as_steps_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for kind in TinyArch::ALL {
+        let path = dir.path().join(format!("{}.gguf", kind.name()));
+        write_tiny(&path, kind, GgmlDType::Q8_0, 256);
+        let file = GgufFile::open(&path).expect("open");
+        let mut m = arch::load(&file, &Device::Cpu, 256).expect("load");
+        let vocab = m.vocab_size();
+        let prefix: Vec<u32> = (10..18).collect();
+        let tokens: Vec<u32> = (40..52).collect();
+        m.forward(&prefix).expect("prefix");
+        let all = m.forward_all(&tokens).expect("all");
+        assert_eq!(all.len(), tokens.len() * vocab, "{}", kind.name());
+        assert_eq!(m.cache_len(), prefix.len() + tokens.len());
+        m.truncate(prefix.len());
+        for (i, &t) in tokens.iter().enumerate() {
+            let step = m.forward(&[t]).expect("step");
+            let row = &all[i * vocab..(i + 1) * vocab];
+            let c = cosine(row, &step);
+            assert!(c > 0.9999, "{} position {i}: cosine {c}", kind.name());
+        }
+    }
+}
+
+#[test]
+fn scoring_gives_each_tokens_logprob_after_what_precedes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = tiny(dir.path(), GgmlDType::Q8_0);
+    let engine = Engine::load(&path, &EngineConfig::default()).expect("load");
+    let prompt = Prompt::Chat(vec![ChatMessage::new("user", "hello there")]);
+    let continuation: Vec<u32> = vec![70, 71, 99, 120, 33, 64];
+    let scored = engine
+        .score_tokens(&prompt, continuation.clone())
+        .expect("queue")
+        .blocking_wait()
+        .expect("score");
+    assert_eq!(scored.tokens, continuation);
+    // The same numbers, step by step on a fresh copy of the model.
+    let file = GgufFile::open(&path).expect("open");
+    let mut m = arch::load(&file, &Device::Cpu, 256).expect("load");
+    let mut logits = m
+        .forward(&engine.prompt_tokens(&prompt).expect("prompt"))
+        .expect("prompt pass");
+    for (i, &t) in continuation.iter().enumerate() {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f32 = logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln() + max;
+        let want = logits[t as usize] - z;
+        let got = scored.entries[i].chosen.logprob;
+        assert!((got - want).abs() < 1e-3, "token {i}: {got} vs {want}");
+        logits = m.forward(&[t]).expect("step");
+    }
+    assert!(
+        (scored.total() - scored.entries.iter().map(|e| e.chosen.logprob).sum::<f32>()).abs()
+            < 1e-6
+    );
+    // A text is scored through its tokens; a generation after a scoring still works (the
+    // cache holds the scored prefix).
+    let text = engine
+        .score(&prompt, "hello")
+        .expect("queue")
+        .blocking_wait()
+        .expect("score");
+    assert!(!text.tokens.is_empty());
+    assert!(text
+        .entries
+        .iter()
+        .all(|e| e.chosen.logprob <= 0.0 && e.chosen.logprob.is_finite()));
+    let mut gen = engine.generate(greedy("hello there", 4)).expect("queue");
+    while let Some(chunk) = gen.blocking_next() {
+        if let Chunk::Done(_) = chunk.expect("chunk") {
+            break;
+        }
+    }
+    // A raw text scored as a whole: every token after the first (this vocabulary adds no
+    // BOS), with alternatives, and the same numbers as scoring its tail after its head.
+    let long: String = "the cat sat on the mat and then ".repeat(6);
+    let (tokens, scoring) = engine.score_text(&long, 3).expect("queue");
+    let whole = scoring
+        .expect("more than one token")
+        .blocking_wait()
+        .expect("score");
+    assert_eq!(whole.tokens, tokens[1..]);
+    assert!(whole.entries.iter().all(|e| e.top.len() == 3));
+    assert!(whole
+        .entries
+        .iter()
+        .all(|e| e.top[0].logprob >= e.chosen.logprob - 1e-6));
+    let mut m = arch::load(&file, &Device::Cpu, 256).expect("load");
+    let mut logits = m.forward(&tokens[..1]).expect("first");
+    for (i, &t) in tokens[1..].iter().enumerate() {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f32 = logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln() + max;
+        let got = whole.entries[i].chosen.logprob;
+        assert!((got - (logits[t as usize] - z)).abs() < 1e-3, "token {i}");
+        logits = m.forward(&[t]).expect("step");
+    }
+    let (one, none) = engine.score_text("a", 0).expect("one token");
+    assert_eq!((one.len(), none.is_none()), (1, true));
+    assert!(engine.score_text("a b", 21).is_err());
+    // Empty, out-of-vocabulary and overlong continuations are refused.
+    assert!(engine.score(&prompt, "").is_err());
+    assert!(engine.score_tokens(&prompt, vec![u32::MAX]).is_err());
+    assert!(matches!(
+        engine.score(&prompt, &"word ".repeat(400)),
+        Err(ModelError::ContextOverflow { .. })
+    ));
+}

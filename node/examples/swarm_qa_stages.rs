@@ -11,8 +11,13 @@
 //!   asked which one answers (a constrained one-letter choice), picks the quoting unit more
 //!   often than the lexical order does.
 //!
+//! - with `--upr K`: the lexical top K re-ordered by how likely the chat model finds the
+//!   sub-question after each unit (query likelihood, as in UPR, Sachan et al. 2022), alone
+//!   and fused with the lexical order by reciprocal rank; the unit is shown in a chat turn
+//!   asking for a question it answers, or with `--upr-text` as raw text.
+//!
 //! ```text
-//! cargo run --release -p starling-node --example swarm_qa_stages -- [--choice] [--dense-weight W] FILE...
+//! cargo run --release -p starling-node --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--dense-weight W] FILE...
 //! ```
 //!
 //! Results and what they mean for the design: `benches/swarm_qa/README.md`.
@@ -22,7 +27,7 @@ use std::path::PathBuf;
 use starling_models::chat::ChatMessage;
 use starling_models::constraint::Constraint;
 use starling_models::embed::{BertEmbedder, Embedder};
-use starling_models::engine::{Chunk, Engine, EngineConfig, GenerateRequest};
+use starling_models::engine::{Chunk, Engine, EngineConfig, GenerateRequest, Prompt};
 use starling_node::agent::grounded::{self, SubQuestion, Unit};
 use starling_node::commands::eval_swarm_qa::{load_scenarios, Scenario};
 
@@ -106,14 +111,92 @@ fn model_choice(
     Ok(None)
 }
 
+/// How likely the model finds `question` after `unit` (mean log-probability per token).
+fn query_likelihood(
+    engine: &Engine,
+    unit: &Unit,
+    question: &str,
+    raw: bool,
+) -> anyhow::Result<f32> {
+    let passage = if unit.heading.is_empty() {
+        unit.text.clone()
+    } else {
+        format!("{}: {}", unit.heading, unit.text)
+    };
+    let prompt = if raw {
+        Prompt::Text(format!(
+            "Passage: {passage}\nA question this passage answers:"
+        ))
+    } else {
+        Prompt::Chat(vec![ChatMessage::user(format!(
+            "Passage: {passage}\n\nWrite a question that this passage answers."
+        ))])
+    };
+    Ok(engine
+        .score(&prompt, &format!(" {question}"))?
+        .blocking_wait()?
+        .mean())
+}
+
+/// Best ranks of the quoting unit among the lexical top `k` of each sub-question, ordered
+/// by query likelihood alone and by reciprocal-rank fusion of it with the lexical order.
+fn upr_ranks(
+    engine: &Engine,
+    subs: &[SubQuestion],
+    units: &[Unit],
+    part: &Part,
+    (k, raw): (usize, bool),
+) -> anyhow::Result<(Option<usize>, Option<usize>)> {
+    let (mut alone, mut fused): (Option<usize>, Option<usize>) = (None, None);
+    for sub in subs {
+        let found = grounded::locate(sub, units, k);
+        if !found.iter().any(|l| part.quoted_in(&l.unit.text)) {
+            continue;
+        }
+        let ql: Vec<f32> = found
+            .iter()
+            .map(|l| query_likelihood(engine, &l.unit, &sub.text, raw))
+            .collect::<anyhow::Result<_>>()?;
+        let mut by_ql: Vec<usize> = (0..found.len()).collect();
+        by_ql.sort_by(|&a, &b| ql[b].total_cmp(&ql[a]));
+        let mut ql_rank = vec![0; found.len()];
+        for (r, &i) in by_ql.iter().enumerate() {
+            ql_rank[i] = r;
+        }
+        let rrf: Vec<f32> = (0..found.len())
+            .map(|i| 1.0 / (60.0 + i as f32) + 1.0 / (60.0 + ql_rank[i] as f32))
+            .collect();
+        let quoting = |order: &[usize]| {
+            order
+                .iter()
+                .position(|&i| part.quoted_in(&found[i].unit.text))
+        };
+        let mut by_rrf: Vec<usize> = (0..found.len()).collect();
+        by_rrf.sort_by(|&a, &b| rrf[b].total_cmp(&rrf[a]));
+        alone = alone.into_iter().chain(quoting(&by_ql)).min();
+        fused = fused.into_iter().chain(quoting(&by_rrf)).min();
+    }
+    Ok((alone, fused))
+}
+
 fn main() -> anyhow::Result<()> {
     let mut files = Vec::new();
     let mut choice = false;
     let mut weight = 0.5f32;
+    let mut upr: Option<usize> = None;
+    let mut upr_text = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--choice" => choice = true,
+            "--upr-text" => upr_text = true,
+            "--upr" => {
+                upr = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--upr needs a value"))?
+                        .parse()?,
+                )
+            }
             "--dense-weight" => {
                 weight = args
                     .next()
@@ -125,7 +208,7 @@ fn main() -> anyhow::Result<()> {
     }
     anyhow::ensure!(!files.is_empty(), "name one or more scenario files");
     let embedder = BertEmbedder::load(starling_models::testing::embedding_model())?;
-    let engine = if choice {
+    let engine = if choice || upr.is_some() {
         Some(Engine::load(
             &starling_models::testing::chat_model(),
             &EngineConfig::default(),
@@ -139,6 +222,7 @@ fn main() -> anyhow::Result<()> {
         let (mut lexical, mut dense, mut hybrid) =
             (Ranks::default(), Ranks::default(), Ranks::default());
         let (mut asked, mut lexical_first, mut model_right, mut picks) = (0, 0, 0, [0usize; 4]);
+        let (mut upr_alone, mut upr_fused) = (Ranks::default(), Ranks::default());
         for s in &scenarios {
             if s.tier == "calc" || s.tier == "unanswerable" {
                 continue;
@@ -188,7 +272,12 @@ fn main() -> anyhow::Result<()> {
                 lexical.add(best_lex.map(|(r, _)| r));
                 dense.add(best_dense);
                 hybrid.add(best_hybrid);
-                if let Some(engine) = &engine {
+                if let (Some(engine), Some(k)) = (&engine, upr) {
+                    let (a, f) = upr_ranks(engine, &subs, &units, &part, (k, upr_text))?;
+                    upr_alone.add(a);
+                    upr_fused.add(f);
+                }
+                if let (Some(engine), true) = (&engine, choice) {
                     let best = subs
                         .iter()
                         .filter_map(|sub| model_choice(engine, sub, &units, &part).transpose())
@@ -211,7 +300,11 @@ fn main() -> anyhow::Result<()> {
         );
         println!("  cosine alone    {dense}");
         println!("  lexical + {weight} cosine  {hybrid}");
-        if engine.is_some() {
+        if let Some(k) = upr {
+            println!("  lexical top {k} by query likelihood  {upr_alone}");
+            println!("  lexical top {k} fused with it (RRF)  {upr_fused}");
+        }
+        if choice {
             println!(
                 "  choice among the lexical top 4 ({asked} parts): lexical first right {lexical_first}, model right {model_right}, model's picks by position {picks:?}"
             );

@@ -304,6 +304,38 @@ def test_logprobs_score_each_token_whole_and_streamed(client, served):
         client.chat.completions.create(model=served["chat"], messages=CAPITAL, top_logprobs=3)
 
 
+def test_echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask(client, served):
+    # How lm-evaluation-harness scores a continuation: echo the context and the continuation
+    # with logprobs, then sum the continuation's token log-probabilities.
+    def scored(text):
+        r = client.completions.create(model=served["chat"], prompt=text, max_tokens=1, temperature=0, echo=True, logprobs=2)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text.startswith(text)
+        assert "".join(lp.tokens) == r.choices[0].text
+        assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == len(lp.text_offset)
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+        # The prompt's tokens come first; the last entry is the generated token.
+        assert all(v is None or v <= 0 for v in lp.token_logprobs)
+        assert all(len(t) == 2 for t in lp.top_logprobs[1:])
+        return lp
+
+    context = "The capital of France is"
+    right, wrong = scored(context + " Paris"), scored(context + " banana")
+    n = len(scored(context).tokens) - 1  # the context's tokens, without the generated one
+    assert right.tokens[:n] == wrong.tokens[:n]
+    # The shared context scores the same both times; the continuations differ.
+    assert right.token_logprobs[:n] == wrong.token_logprobs[:n]
+    assert sum(right.token_logprobs[n:-1]) > sum(wrong.token_logprobs[n:-1])
+    # Streamed: the first event carries the prompt and its scores.
+    first = next(
+        iter(client.completions.create(
+            model=served["chat"], prompt=context, max_tokens=2, temperature=0, echo=True, logprobs=1, stream=True
+        ))
+    )
+    assert first.choices[0].text == context
+    assert "".join(first.choices[0].logprobs.tokens) == context
+
+
 def test_n_answers_are_separate_generations(client, served):
     r = client.chat.completions.create(
         model=served["chat"], messages=CAPITAL, temperature=1.0, seed=7, max_tokens=12, n=3

@@ -24,6 +24,17 @@ pub trait Transformer: Send {
     /// Runs `tokens` through the model at positions `cache_len()..`, stores their keys and
     /// values in the cache, and returns the logits of the last token (`vocab_size()` values).
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// Like [`forward`](Self::forward), but returns the logits of every one of `tokens`,
+    /// position after position (`tokens.len() * vocab_size()` values). Scoring a given text
+    /// needs them; generation does not, so the default runs one token at a time and the
+    /// CPU kernels override it with one batched pass.
+    fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut all = Vec::with_capacity(tokens.len() * self.vocab_size());
+        for &t in tokens {
+            all.extend(self.forward(&[t])?);
+        }
+        Ok(all)
+    }
     /// Number of tokens whose keys and values are cached.
     fn cache_len(&self) -> usize;
     /// Forgets cached positions from `len` on (no-op when `len >= cache_len()`).

@@ -69,9 +69,18 @@ fn prompt_text(prompt: Value) -> Result<String, ApiError> {
     }
 }
 
+/// What `echo` asks for: the prompt before the completion, and with `logprobs`, the
+/// prompt's tokens scored too (`Some(alternatives)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Echo {
+    No,
+    Text,
+    Scored(usize),
+}
+
 impl CompletionRequest {
-    /// The chat request this one amounts to, and the prompt.
-    fn into_chat(self) -> Result<(ChatCompletionRequest, String, bool), ApiError> {
+    /// The chat request this one amounts to, the prompt and what to echo.
+    fn into_chat(self) -> Result<(ChatCompletionRequest, String, Echo), ApiError> {
         let prompt = prompt_text(self.prompt)?;
         if prompt.is_empty() {
             return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
@@ -102,18 +111,17 @@ impl CompletionRequest {
         put("stream_options", self.stream_options.unwrap_or(Value::Null));
         put("n", json!(self.n));
         if let Some(top) = self.logprobs {
-            if self.echo == Some(true) {
-                return Err(ApiError::invalid_param(
-                    "logprobs",
-                    "logprobs with echo is not supported: the prompt's tokens are not scored",
-                ));
-            }
             put("logprobs", json!(true));
             put("top_logprobs", json!(top));
         }
+        let echo = match (self.echo, self.logprobs) {
+            (Some(true), Some(top)) => Echo::Scored(usize::try_from(top).unwrap_or(usize::MAX)),
+            (Some(true), None) => Echo::Text,
+            _ => Echo::No,
+        };
         let chat = serde_json::from_value(Value::Object(req))
             .map_err(|e| ApiError::invalid(format!("invalid request: {e}")))?;
-        Ok((chat, prompt, self.echo.unwrap_or(false)))
+        Ok((chat, prompt, echo))
     }
 }
 
@@ -145,6 +153,70 @@ fn legacy_logprobs(entries: &[TokenLogprob], mut offset: usize) -> Value {
            "top_logprobs": top_logprobs, "text_offset": text_offset})
 }
 
+/// The legacy `logprobs` of an echoed prompt: every token of it, the first with `null`
+/// where nothing comes before it to predict it.
+async fn prompt_logprobs(
+    state: &AppState,
+    model: Option<&str>,
+    prompt: &str,
+    top: usize,
+) -> Result<Value, ApiError> {
+    let engine = state.chat_engine(model)?;
+    let text = prompt.to_owned();
+    let scorer = engine.clone();
+    let (tokens, scoring) = tokio::task::spawn_blocking(move || scorer.score_text(&text, top))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))?
+        .map_err(ApiError::from)?;
+    let entries = match scoring {
+        Some(s) => s.wait().await.map_err(ApiError::from)?.entries,
+        None => Vec::new(),
+    };
+    // Tokens before the scored ones (the first, without BOS) have no log-probability.
+    let unscored = &tokens[..tokens.len() - entries.len()];
+    let mut out = legacy_logprobs(&[], 0);
+    let mut offset = 0;
+    for &t in unscored {
+        let text = String::from_utf8_lossy(engine.tokenizer().token_bytes(t)).into_owned();
+        let len = text.chars().count();
+        for (key, v) in [
+            ("tokens", json!(text)),
+            ("token_logprobs", Value::Null),
+            ("top_logprobs", Value::Null),
+            ("text_offset", json!(offset)),
+        ] {
+            if let Some(list) = out[key].as_array_mut() {
+                list.push(v);
+            }
+        }
+        offset += len;
+    }
+    append_logprobs(&mut out, legacy_logprobs(&entries, offset));
+    Ok(out)
+}
+
+/// Appends the lists of `more` to those of `to` (both legacy `logprobs`).
+fn append_logprobs(to: &mut Value, more: Value) {
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        if let (Some(list), Value::Array(extra)) = (to[key].as_array_mut(), more[key].clone()) {
+            list.extend(extra);
+        }
+    }
+}
+
+/// The number of characters the legacy `logprobs` `lp` cover (its tokens' text).
+fn covered_chars(lp: &Value) -> usize {
+    lp["tokens"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(Value::as_str)
+                .map(|s| s.chars().count())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// The handler.
 pub(crate) async fn completions(
     State(state): State<AppState>,
@@ -156,6 +228,13 @@ pub(crate) async fn completions(
     let id = chat::random_id("cmpl-");
     let created = chat::unix_now();
     let scored = plan.logprobs.is_some();
+    // The prompt's own scores, when echoed with logprobs (the same for every answer).
+    let echoed = match echo {
+        Echo::Scored(top) => {
+            Some(prompt_logprobs(&state, plan.model.as_deref(), &prompt, top).await?)
+        }
+        Echo::No | Echo::Text => None,
+    };
     if !plan.stream {
         let mut choices = Vec::with_capacity(plan.n);
         let mut answers = Vec::with_capacity(plan.n);
@@ -168,16 +247,19 @@ pub(crate) async fn completions(
                 done,
                 logprobs,
             } = chat::collect(started.generation, started.run, &state).await?;
-            let text = if echo {
-                format!("{prompt}{text}")
-            } else {
-                text
+            let (text, lp) = match &echoed {
+                Some(head) => {
+                    let mut lp = head.clone();
+                    append_logprobs(&mut lp, legacy_logprobs(&logprobs, covered_chars(head)));
+                    (format!("{prompt}{text}"), Some(lp))
+                }
+                None if echo == Echo::Text => (
+                    format!("{prompt}{text}"),
+                    scored.then(|| legacy_logprobs(&logprobs, 0)),
+                ),
+                None => (text, scored.then(|| legacy_logprobs(&logprobs, 0))),
             };
-            let mut c = choice(
-                &text,
-                Some(chat::finish_reason(done.finish_reason)),
-                scored.then(|| legacy_logprobs(&logprobs, 0)),
-            );
+            let mut c = choice(&text, Some(chat::finish_reason(done.finish_reason)), lp);
             c["index"] = json!(index);
             choices.push(c);
             answers.push(done);
@@ -200,12 +282,15 @@ pub(crate) async fn completions(
                "model": model_id, "system_fingerprint": null, "choices": choices})
     };
     let include_usage = plan.include_usage;
-    let first = echo.then(|| head(json!([choice(&prompt, None, None)])));
-    let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
     // Log-probabilities wait for the text of their tokens; `sent` counts the characters
     // sent so far, for the offsets.
+    let mut sent = match &echoed {
+        Some(lp) => covered_chars(lp),
+        None => 0,
+    };
+    let first = (echo != Echo::No).then(|| head(json!([choice(&prompt, None, echoed)])));
+    let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
     let mut pending: Vec<TokenLogprob> = Vec::new();
-    let mut sent = 0usize;
     let events = futures::stream::iter(first)
         .chain(pieces.flat_map(move |piece| {
             let mut take = |text: &str| {
@@ -267,7 +352,15 @@ mod tests {
             .expect("valid");
         let plan = chat.plan().expect("plan");
         assert_eq!(plan.max_tokens, Some(16));
-        assert_eq!((prompt.as_str(), echo), ("Once", true));
+        assert_eq!((prompt.as_str(), echo), ("Once", Echo::Text));
+        let (_, _, echo) = request(json!({"prompt": "Once", "echo": true, "logprobs": 2}))
+            .into_chat()
+            .expect("valid");
+        assert_eq!(echo, Echo::Scored(2));
+        let (_, _, echo) = request(json!({"prompt": "Once", "logprobs": 2}))
+            .into_chat()
+            .expect("valid");
+        assert_eq!(echo, Echo::No);
         let (chat, _, _) = request(json!({"prompt": "x", "temperature": 7}))
             .into_chat()
             .expect("read");

@@ -393,6 +393,34 @@ impl CpuLlama {
 
 impl Transformer for CpuLlama {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, 1)
+    }
+
+    fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, tokens.len())
+    }
+
+    fn cache_len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn max_seq_len(&self) -> usize {
+        self.max_seq
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+}
+
+impl CpuLlama {
+    /// Runs `tokens` through the model and returns the logits of the last `out_rows` of
+    /// them (at most `tokens.len()`), position after position.
+    fn run(&mut self, tokens: &[u32], out_rows: usize) -> Result<Vec<f32>> {
         let seq = tokens.len();
         let pos = self.len;
         crate::arch::check_input(tokens, pos, self.max_seq, self.vocab)?;
@@ -471,36 +499,28 @@ impl Transformer for CpuLlama {
             );
         }
         self.len = pos + seq;
-        // Only the last position's logits are needed.
-        let last = &s.x[(seq - 1) * hidden..seq * hidden];
-        quant::quantize(pool, last, 1, Some((&self.output_norm, eps)), &mut s.acts);
+        // Generation needs only the last position's logits; scoring needs them all.
+        let rows = out_rows.clamp(1, seq);
+        let tail = &s.x[(seq - rows) * hidden..seq * hidden];
+        quant::quantize(
+            pool,
+            tail,
+            rows,
+            Some((&self.output_norm, eps)),
+            &mut s.acts,
+        );
+        s.logits.resize(rows * self.vocab, 0.0);
         quant::matmul(
             pool,
             isa,
             &self.output,
             &s.acts,
-            1,
+            rows,
             &mut s.logits,
             self.vocab,
             Epilogue::Store,
         );
         Ok(s.logits.clone())
-    }
-
-    fn cache_len(&self) -> usize {
-        self.len
-    }
-
-    fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-
-    fn max_seq_len(&self) -> usize {
-        self.max_seq
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab
     }
 }
 
