@@ -364,6 +364,11 @@ impl Swarm {
         self.inner.router.register(service, Arc::new(handler));
     }
 
+    /// The timeout of [`Swarm::call`] and [`Swarm::fan_out`].
+    pub fn rpc_timeout(&self) -> Duration {
+        self.inner.rpc_timeout
+    }
+
     /// Calls `service`/`method` on `node` with the default timeout.
     pub async fn call(
         &self,

@@ -9,5 +9,6 @@ pub mod formation;
 pub mod grounded;
 pub mod llm;
 pub mod mcp;
+pub mod peers;
 pub mod runtime;
 pub mod tools;

@@ -710,13 +710,13 @@ pub(super) fn describe_rejection(r: &Rejection) -> String {
 /// group's state) never goes back; a slow member holds up only its own messages. Each
 /// delivery is bounded by the RPC timeout; one that fails is logged and the next goes on.
 pub(super) struct Couriers {
-    swarm: Swarm,
+    swarm: Arc<dyn Peers>,
     queues: HashMap<NodeId, tokio::sync::mpsc::UnboundedSender<Arc<Vec<u8>>>>,
     tasks: tokio::task::JoinSet<()>,
 }
 
 impl Couriers {
-    pub(super) fn new(swarm: Swarm) -> Self {
+    pub(super) fn new(swarm: Arc<dyn Peers>) -> Self {
         Self {
             swarm,
             queues: HashMap::new(),

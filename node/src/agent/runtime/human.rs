@@ -38,18 +38,19 @@ impl Agent {
             kind: kind.to_owned(),
             prompt,
         });
+        // Closed however the wait ends: answered, timed out, or dropped with a cancelled
+        // task (the person is then no longer asked).
+        let mut asking = Asking {
+            agent: self,
+            request_id,
+            answered: false,
+        };
         let wait = Duration::from_secs(self.0.config.agent.human_timeout_secs);
         let answer = tokio::time::timeout(wait, rx)
             .await
             .ok()
             .and_then(Result::ok);
-        if let Ok(mut m) = self.0.human.lock() {
-            m.remove(&request_id);
-        }
-        self.emit(AgentEvent::HumanInputClosed {
-            request_id,
-            answered: answer.is_some(),
-        });
+        asking.answered = answer.is_some();
         answer
     }
 
@@ -74,5 +75,24 @@ impl Agent {
             Some(p) => p.reply.send(text).is_ok(),
             None => false,
         }
+    }
+}
+
+/// A question open to this node's person; closing it (on drop) withdraws it.
+struct Asking<'a> {
+    agent: &'a Agent,
+    request_id: String,
+    answered: bool,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.agent.0.human.lock() {
+            m.remove(&self.request_id);
+        }
+        self.agent.emit(AgentEvent::HumanInputClosed {
+            request_id: std::mem::take(&mut self.request_id),
+            answered: self.answered,
+        });
     }
 }

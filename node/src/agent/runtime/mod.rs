@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use starling_discovery::{NodeId, PeerState, Request, RpcError, RpcErrorCode, Swarm, SwarmEvent};
+use starling_discovery::{NodeId, PeerState, Request, RpcError, RpcErrorCode, SwarmEvent};
 use starling_models::chat::ChatMessage;
 use starling_models::embed::EmbedHandle;
 use tokio::sync::broadcast;
@@ -40,6 +40,7 @@ use super::grounded::{
     Planner, Route, SubQuestion,
 };
 use super::llm::Llm;
+use super::peers::Peers;
 use super::tools::{ExternalAgent, ExternalTask};
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
 use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
@@ -379,7 +380,8 @@ pub enum AgentError {
 }
 
 struct Inner {
-    swarm: Swarm,
+    /// The swarm (the real one, or an in-memory network in tests).
+    swarm: Arc<dyn Peers>,
     me: String,
     name: String,
     config: NodeConfig,
@@ -464,7 +466,7 @@ impl Agent {
     /// RPC handlers and follows swarm events.
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
-        swarm: Swarm,
+        swarm: impl Peers,
         config: NodeConfig,
         llm: Llm,
         embedder: Option<EmbedHandle>,
@@ -474,6 +476,7 @@ impl Agent {
         opts: AgentOptions,
         cancel: CancellationToken,
     ) -> anyhow::Result<Self> {
+        let swarm: Arc<dyn Peers> = Arc::new(swarm);
         let (events, _) = broadcast::channel(1024);
         let dim = embedder.as_ref().map_or(0, |e| e.dim());
         let front = match config
@@ -528,10 +531,13 @@ impl Agent {
             agent.learn_card(&r).await;
         }
         let a = agent.clone();
-        swarm.register_handler(SERVICE, move |req: Request| {
-            let a = a.clone();
-            async move { a.handle_rpc(req).await }
-        });
+        swarm.register(
+            SERVICE,
+            Arc::new(move |req: Request| {
+                let a = a.clone();
+                async move { a.handle_rpc(req).await }
+            }),
+        );
         tokio::spawn(agent.clone().follow_swarm(swarm_events));
         if let Some(book) = &opts.memory {
             agent.announce_memories(book);
@@ -1010,3 +1016,6 @@ pub fn new_group_id() -> String {
     let r: u64 = rand::random();
     format!("g{:012x}", r & 0xffff_ffff_ffff)
 }
+
+#[cfg(test)]
+mod sim_tests;

@@ -1,0 +1,312 @@
+//! The runtime on a simulated cluster: N agents in one process over an in-memory swarm
+//! ([`SimNet`]), with faults injected at exact points of the protocol (a member dies as
+//! its task reaches it, the host dies mid-chat). The same `Agent` code runs here as over
+//! QUIC; only the swarm differs, so a run takes milliseconds and a fault lands where the
+//! test says, not where a timer happens to fire.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use candle_core::quantized::GgmlDType;
+use starling_models::engine::{Engine, EngineConfig, ModelSlot};
+
+use super::*;
+use crate::agent::chat::{Message, MessageType, TaskState};
+use crate::agent::executor::{Executor, ExecutorConfig};
+use crate::agent::peers::sim::{Fault, SimNet};
+use crate::agent::tools::ToolBox;
+
+const BERTH: &str = "# Quays\n\nQuay Nine at Port Ellery has a berth length of 214 metres.\n";
+const PILOT: &str =
+    "# Pilots\n\nThe pilot on duty at Port Ellery this week is Morwenna Tregenza.\n";
+const QUESTION: &str =
+    "How long is the berth at Quay Nine, and who is the pilot on duty at Port Ellery?";
+
+/// A cluster of agents on one simulated network.
+struct Cluster {
+    net: Arc<SimNet>,
+    agents: Vec<(String, Agent)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts one agent per `(name, document)`; a node without a document only asks.
+    async fn start(nodes: &[(&str, Option<&str>)]) -> Self {
+        Self::start_with(nodes, &[]).await
+    }
+
+    /// [`Cluster::start`], with the nodes named in `people` fronted by a person (a human
+    /// agent, asked through the API, that waits a minute for an answer).
+    async fn start_with(nodes: &[(&str, Option<&str>)], people: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("tiny.gguf");
+        starling_models::testing::write_tiny_llama(&model, GgmlDType::Q8_0, 256);
+        let engine = Engine::load(&model, &EngineConfig::default()).expect("tiny model");
+        let net = SimNet::new();
+        let mut agents = Vec::new();
+        for (name, doc) in nodes {
+            let person = people.contains(name);
+            let agent = start_agent(&net, dir.path(), (name, *doc, person), &engine).await;
+            agents.push((name.to_string(), agent));
+        }
+        // Every agent knows every card before the test asks anything.
+        for _ in 0..1000 {
+            if agents
+                .iter()
+                .all(|(_, a)| a.known_cards().len() == nodes.len())
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for (name, a) in &agents {
+            assert_eq!(a.known_cards().len(), nodes.len(), "{name} misses cards");
+        }
+        Self {
+            net,
+            agents,
+            _dir: dir,
+        }
+    }
+
+    fn agent(&self, name: &str) -> &Agent {
+        &self
+            .agents
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no agent {name}"))
+            .1
+    }
+
+    /// The names of the nodes cited by `result`.
+    fn cited(result: &TaskResult) -> Vec<String> {
+        result.citations.iter().map(|c| c.node.clone()).collect()
+    }
+}
+
+async fn start_agent(
+    net: &Arc<SimNet>,
+    dir: &Path,
+    (name, doc, person): (&str, Option<&str>, bool),
+    engine: &Engine,
+) -> Agent {
+    let mut config = NodeConfig::default();
+    config.node.name = Some(name.to_owned());
+    if person {
+        config.agent.kind = AgentKind::Human;
+        config.agent.human_timeout_secs = 60;
+    }
+    if let Some(text) = doc {
+        let docs = dir.join(format!("{name}-docs"));
+        std::fs::create_dir_all(&docs).expect("docs dir");
+        std::fs::write(docs.join("harbour.md"), text).expect("doc");
+        config.agent.docs = Some(docs);
+    }
+    config.agent.tools = vec!["search_docs".into(), "calculator".into()];
+    let llm = Llm::new(ModelSlot::new(engine.clone()));
+    let tools = ToolBox::from_config(&config.agent).expect("tools");
+    let executor = Executor::with_config(llm.clone(), tools, ExecutorConfig::default());
+    Agent::start(
+        net.join(name),
+        config,
+        llm,
+        None,
+        executor,
+        Store::open_in_memory().expect("store"),
+        vec!["tiny".into()],
+        AgentOptions::default(),
+        CancellationToken::new(),
+    )
+    .await
+    .expect("agent starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_answers_with_each_holders_cited_fact() {
+    let c = Cluster::start(&[("ada", None), ("bea", Some(BERTH)), ("cal", Some(PILOT))]).await;
+    let r = c.agent("ada").submit(QUESTION).await.expect("answered");
+    assert!(
+        r.answer.contains("214") && r.answer.contains("Morwenna Tregenza"),
+        "{}",
+        r.answer
+    );
+    let cited = Cluster::cited(&r);
+    assert!(
+        cited.contains(&"bea".to_string()) && cited.contains(&"cal".to_string()),
+        "{cited:?}"
+    );
+    // Grounded: no model token spent.
+    assert_eq!(r.tokens, 0);
+    // The members were asked through the protocol: each got its task.
+    let calls = c.net.calls();
+    for member in ["bea", "cal"] {
+        assert!(
+            calls
+                .iter()
+                .any(|(from, to, m)| from == "ada" && to == member && m == "task"),
+            "{member} got no task: {calls:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_as_its_task_reaches_it_hands_the_question_to_another_holder() {
+    let c = Cluster::start(&[
+        ("ada", None),
+        ("bea", Some(BERTH)),
+        ("cal", Some(PILOT)),
+        ("dov", Some(BERTH)),
+    ])
+    .await;
+    // Whichever berth holder gets the berth task first dies as it arrives.
+    let killed = Arc::new(Mutex::new(None::<String>));
+    let k = killed.clone();
+    c.net.on_call(move |_, to, method| {
+        let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
+        if method == "task" && (to == "bea" || to == "dov") && k.is_none() {
+            *k = Some(to.to_owned());
+            return Some(Fault::KillTarget);
+        }
+        None
+    });
+    let started = std::time::Instant::now();
+    let r = c.agent("ada").submit(QUESTION).await.expect("answered");
+    let dead = killed
+        .lock()
+        .expect("lock")
+        .clone()
+        .expect("a berth holder was killed");
+    let survivor = if dead == "bea" { "dov" } else { "bea" };
+    assert!(
+        r.answer.contains("214") && r.answer.contains("Morwenna Tregenza"),
+        "{}",
+        r.answer
+    );
+    let cited = Cluster::cited(&r);
+    assert!(cited.contains(&survivor.to_string()), "{cited:?}");
+    assert!(!cited.contains(&dead), "{cited:?}");
+    // The survivor got the task after the death, in virtual time.
+    assert!(c
+        .net
+        .calls()
+        .iter()
+        .any(|(_, to, m)| to == survivor && m == "task"));
+    eprintln!(
+        "member killed as its task started: concluded after {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_host_dies_mid_chat_is_concluded_by_its_successor() {
+    let c = Cluster::start(&[("ada", None), ("bea", Some(BERTH)), ("cal", Some(PILOT))]).await;
+    // The host dies on its first message after each member has one (both hold the log).
+    let mut got: HashMap<String, usize> = HashMap::new();
+    let mut dead = false;
+    c.net.on_call(move |from, to, method| {
+        if from != "ada" || method != "message" || dead {
+            return None;
+        }
+        if ["bea", "cal"]
+            .iter()
+            .all(|m| got.get(*m).copied().unwrap_or(0) > 0)
+        {
+            dead = true;
+            return Some(Fault::KillCaller);
+        }
+        *got.entry(to.to_owned()).or_default() += 1;
+        None
+    });
+    let group = new_group_id();
+    let ada = c.agent("ada").clone();
+    let (q, g) = (QUESTION.to_owned(), group.clone());
+    let orphan = tokio::spawn(async move { ada.submit_as(&q, g).await });
+    let started = std::time::Instant::now();
+    let (successor, result) = loop {
+        if let Some(found) = ["bea", "cal"]
+            .iter()
+            .find_map(|n| c.agent(n).task_result(&group).map(|r| (n.to_string(), r)))
+        {
+            break found;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no member concluded the group; calls: {:?}",
+            c.net.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    orphan.abort();
+    assert!(
+        result.answer.contains("214") && result.answer.contains("Morwenna Tregenza"),
+        "{}: {}",
+        successor,
+        result.answer
+    );
+    // The successor is the first member in the host's order: the one that resumed.
+    assert!(result.members.iter().all(|m| m != c.agent("ada").node_id()));
+    // The handover is in the successor's log, in the lost host's name.
+    let log = c
+        .agent(&successor)
+        .store()
+        .messages::<Message>(&group)
+        .await
+        .expect("messages");
+    assert!(
+        log.iter()
+            .any(|m| m.body.msg_type == MessageType::MemberLeft
+                && m.body.sender == c.agent("ada").node_id()),
+        "{log:?}"
+    );
+    eprintln!(
+        "host killed mid-chat: {successor} concluded after {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_task_withdraws_the_question_to_the_members_person() {
+    let c = Cluster::start_with(
+        &[("ada", None), ("bea", Some(BERTH)), ("cal", Some(PILOT))],
+        &["cal"],
+    )
+    .await;
+    let mut events = c.agent("cal").events();
+    let ada = c.agent("ada").clone();
+    let task = tokio::spawn(async move { ada.submit(QUESTION).await });
+    // cal's person is asked for its part: the task is running there.
+    let started = std::time::Instant::now();
+    while c.agent("cal").pending_human().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "cal was never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Cancelling drops the task at the host, and with it the call to cal.
+    task.abort();
+    let cancelled = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match events.recv().await {
+                Ok(AgentEvent::TaskState {
+                    state: TaskState::Cancelled,
+                    ..
+                }) => break,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => panic!("cal stopped"),
+            }
+        }
+    })
+    .await;
+    assert!(cancelled.is_ok(), "cal never saw its task cancelled");
+    // The person is no longer asked.
+    let t = std::time::Instant::now();
+    while !c.agent("cal").pending_human().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "cal's person is still asked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
