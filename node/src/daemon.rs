@@ -306,6 +306,7 @@ impl Node {
             AgentOptions {
                 repetition_guard: !opts.no_repetition_guard,
                 memory: Some(memory.clone()),
+                decide: None,
             },
             cancel.clone(),
         )

@@ -183,3 +183,27 @@ impl Llm {
         .await
     }
 }
+
+/// A model decision, as the agent runtime asks for one: JSON valid under a schema. A narrow
+/// trait so that tests can script the decisions (and their failures) of each node while
+/// everything else runs for real; [`Llm`] is the product's one implementation.
+pub trait Decide: Send + Sync + 'static {
+    /// A decision under `schema` (at most `max_tokens` tokens), as JSON.
+    fn decide_json<'a>(
+        &'a self,
+        messages: Vec<ChatMessage>,
+        schema: &'a Value,
+        max_tokens: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Value, LlmError>>;
+}
+
+impl Decide for Llm {
+    fn decide_json<'a>(
+        &'a self,
+        messages: Vec<ChatMessage>,
+        schema: &'a Value,
+        max_tokens: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Value, LlmError>> {
+        Box::pin(self.decide(messages, schema, max_tokens))
+    }
+}

@@ -202,8 +202,12 @@ impl Agent {
             None => Vec::new(),
         };
         let prompt = speak_prompt(self, req, &format_examples(&examples));
-        let d: Decision = self.0.llm.decide(prompt, &req.schema, 400).await?;
-        Ok(d)
+        let value = self.0.decide.decide_json(prompt, &req.schema, 400).await?;
+        serde_json::from_value(value).map_err(|e| {
+            AgentError::Llm(super::super::llm::LlmError::Decode(format!(
+                "a turn decision: {e}"
+            )))
+        })
     }
 
     /// Runs a task assigned to this node.

@@ -39,7 +39,7 @@ use super::grounded::{
     self, AgentOffer, Answer, AnswerStatus, Citation, Inquiry, Located, Next, NodeHit, PlanStep,
     Planner, Route, SubQuestion,
 };
-use super::llm::Llm;
+use super::llm::{Decide, Llm};
 use super::peers::Peers;
 use super::tools::{ExternalAgent, ExternalTask};
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
@@ -382,6 +382,8 @@ pub enum AgentError {
 struct Inner {
     /// The swarm (the real one, or an in-memory network in tests).
     swarm: Arc<dyn Peers>,
+    /// Who decides this node's chat turns (its model, or a test's script).
+    decide: Arc<dyn Decide>,
     me: String,
     name: String,
     config: NodeConfig,
@@ -439,6 +441,9 @@ pub struct AgentOptions {
     /// Shared memories: worked examples for chat turns (`[memory]` of the config says how
     /// many), and [`AgentEvent::MemoryAdded`] for each one stored.
     pub memory: Option<MemoryBook>,
+    /// Who decides this node's chat turns; `None`: the node's model (the `llm` given to
+    /// [`Agent::start`]). Tests script decisions through it.
+    pub decide: Option<Arc<dyn Decide>>,
 }
 
 impl Default for AgentOptions {
@@ -446,6 +451,7 @@ impl Default for AgentOptions {
         Self {
             repetition_guard: true,
             memory: None,
+            decide: None,
         }
     }
 }
@@ -487,7 +493,12 @@ impl Agent {
             Some(x) => Some(ExternalAgent::from_config(x).map_err(|e| anyhow::anyhow!("{e}"))?),
             None => None,
         };
+        let decide: Arc<dyn Decide> = match &opts.decide {
+            Some(d) => d.clone(),
+            None => Arc::new(llm.clone()),
+        };
         let agent = Agent(Arc::new(Inner {
+            decide,
             me: swarm.node_id().to_string(),
             name: swarm.name().to_owned(),
             swarm: swarm.clone(),

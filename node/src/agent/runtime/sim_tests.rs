@@ -14,6 +14,7 @@ use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use super::*;
 use crate::agent::chat::{Message, MessageType, TaskState};
 use crate::agent::executor::{Executor, ExecutorConfig};
+use crate::agent::llm::{Decide, LlmError};
 use crate::agent::peers::sim::{Fault, SimNet};
 use crate::agent::tools::ToolBox;
 
@@ -39,6 +40,16 @@ impl Cluster {
     /// [`Cluster::start`], with the nodes named in `people` fronted by a person (a human
     /// agent, asked through the API, that waits a minute for an answer).
     async fn start_with(nodes: &[(&str, Option<&str>)], people: &[&str]) -> Self {
+        Self::start_scripted(nodes, people, HashMap::new()).await
+    }
+
+    /// [`Cluster::start_with`], with the chat turns of the nodes named in `scripts`
+    /// decided by those scripts instead of the model.
+    async fn start_scripted(
+        nodes: &[(&str, Option<&str>)],
+        people: &[&str],
+        mut scripts: HashMap<&str, Arc<dyn Decide>>,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let model = dir.path().join("tiny.gguf");
         starling_models::testing::write_tiny_llama(&model, GgmlDType::Q8_0, 256);
@@ -47,7 +58,8 @@ impl Cluster {
         let mut agents = Vec::new();
         for (name, doc) in nodes {
             let person = people.contains(name);
-            let agent = start_agent(&net, dir.path(), (name, *doc, person), &engine).await;
+            let script = scripts.remove(name);
+            let agent = start_agent(&net, dir.path(), (name, *doc, person), &engine, script).await;
             agents.push((name.to_string(), agent));
         }
         // Every agent knows every card before the test asks anything.
@@ -90,6 +102,7 @@ async fn start_agent(
     dir: &Path,
     (name, doc, person): (&str, Option<&str>, bool),
     engine: &Engine,
+    decide: Option<Arc<dyn Decide>>,
 ) -> Agent {
     let mut config = NodeConfig::default();
     config.node.name = Some(name.to_owned());
@@ -115,7 +128,10 @@ async fn start_agent(
         executor,
         Store::open_in_memory().expect("store"),
         vec!["tiny".into()],
-        AgentOptions::default(),
+        AgentOptions {
+            decide,
+            ..AgentOptions::default()
+        },
         CancellationToken::new(),
     )
     .await
@@ -309,4 +325,107 @@ async fn cancelling_a_task_withdraws_the_question_to_the_members_person() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Turn decisions from a script: `f(n)` decides the node's `n`-th turn (from 0).
+struct Script<F>(Mutex<(usize, F)>);
+
+impl<F> Decide for Script<F>
+where
+    F: FnMut(usize) -> Result<serde_json::Value, LlmError> + Send + 'static,
+{
+    fn decide_json<'a>(
+        &'a self,
+        _messages: Vec<ChatMessage>,
+        _schema: &'a serde_json::Value,
+        _max_tokens: usize,
+    ) -> futures::future::BoxFuture<'a, Result<serde_json::Value, LlmError>> {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (n, f) = &mut *g;
+        let out = f(*n);
+        *n += 1;
+        Box::pin(async move { out })
+    }
+}
+
+fn script<F>(f: F) -> Arc<dyn Decide>
+where
+    F: FnMut(usize) -> Result<serde_json::Value, LlmError> + Send + 'static,
+{
+    Arc::new(Script(Mutex::new((0, f))))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_turns_fail_is_dropped_after_the_missed_turn_limit_and_the_host_concludes() {
+    // ada hosts a model-led chat whose turns are scripted: she gives the floor to bea
+    // until bea has failed her turns, then concludes. Every one of bea's turns fails.
+    let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let bea_id = Arc::new(Mutex::new(String::new()));
+    let (f, id) = (failed.clone(), bea_id.clone());
+    let ada = script(move |_| {
+        let bea = id.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(if f.load(std::sync::atomic::Ordering::SeqCst) >= 2 {
+            serde_json::json!({"type": "conclude", "content": "Scripted conclusion."})
+        } else {
+            serde_json::json!({"type": "discuss", "content": "Bea, your view?",
+                               "next_speakers": [bea]})
+        })
+    });
+    let f = failed.clone();
+    let bea = script(move |_| {
+        f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(LlmError::Decode("a scripted failure".into()))
+    });
+    let cal = script(|n| {
+        Ok(serde_json::json!({"type": "discuss", "content": format!("Nothing to add ({n}).")}))
+    });
+    let c = Cluster::start_scripted(
+        &[("ada", None), ("bea", Some(BERTH)), ("cal", Some(PILOT))],
+        &[],
+        HashMap::from([("ada", ada), ("bea", bea), ("cal", cal)]),
+    )
+    .await;
+    *bea_id.lock().expect("lock") = c.agent("bea").node_id().to_owned();
+    let members: Vec<MemberRef> = ["ada", "bea", "cal"]
+        .iter()
+        .map(|n| MemberRef {
+            id: c.agent(n).node_id().to_owned(),
+            name: n.to_string(),
+        })
+        .collect();
+    let config = ChatConfig::default();
+    let limit = config.max_missed_turns as usize;
+    let group = new_group_id();
+    let params = LaunchParams {
+        group_id: group.clone(),
+        goal: "Talk it through.".into(),
+        members,
+        initiator: c.agent("ada").node_id().to_owned(),
+        team_up_depth: 0,
+        max_depth: 0,
+        max_turns: 10,
+        config,
+    };
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        c.agent("ada").host_group(params, None, None),
+    )
+    .await
+    .expect("the group ends")
+    .expect("the group concludes");
+    assert_eq!(r.conclusion, "Scripted conclusion.");
+    // bea was asked exactly as many times as the limit allows, then counted out.
+    assert_eq!(failed.load(std::sync::atomic::Ordering::SeqCst), limit);
+    let log = c
+        .agent("ada")
+        .store()
+        .messages::<Message>(&group)
+        .await
+        .expect("messages");
+    let left: Vec<&str> = log
+        .iter()
+        .filter(|m| m.body.msg_type == MessageType::MemberLeft)
+        .map(|m| m.body.sender.as_str())
+        .collect();
+    assert_eq!(left, [c.agent("bea").node_id()], "{log:?}");
 }
