@@ -428,21 +428,11 @@ impl Engine {
                 "max_tokens must be at least 1".into(),
             ));
         }
-        // A prompt far beyond the context is refused before it is tokenised (a few
-        // megabytes of text would take seconds and gigabytes to tokenise). Every token
-        // stands for at most `max_token_bytes` bytes; the factor 2 leaves room for text
-        // that a tokenizer's normalisation shortens.
         let text_bytes: usize = match &req.prompt {
             Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
             Prompt::Text(text) => text.len(),
         };
-        let fewest = text_bytes / (2 * self.tokenizer.max_token_bytes());
-        if fewest >= self.info.context_length {
-            return Err(ModelError::ContextOverflow {
-                needed: fewest + 1,
-                max: self.info.context_length,
-            });
-        }
+        self.fits_before_tokenising(text_bytes)?;
         let prompt = self.prompt_tokens(&req.prompt)?;
         if prompt.is_empty() {
             return Err(ModelError::InvalidRequest("the prompt is empty".into()));
@@ -470,10 +460,26 @@ impl Engine {
         Ok(Generation { rx })
     }
 
+    /// Refuses a text far beyond the context before it is tokenised (a few megabytes of
+    /// text would take seconds and gigabytes to tokenise). Every token stands for at most
+    /// `max_token_bytes` bytes; the factor 2 leaves room for text that a tokenizer's
+    /// normalisation shortens.
+    fn fits_before_tokenising(&self, text_bytes: usize) -> Result<()> {
+        let fewest = text_bytes / (2 * self.tokenizer.max_token_bytes());
+        if fewest >= self.info.context_length {
+            return Err(ModelError::ContextOverflow {
+                needed: fewest + 1,
+                max: self.info.context_length,
+            });
+        }
+        Ok(())
+    }
+
     /// Queues the scoring of `continuation` as what follows `prompt`: the log-probability
     /// of each of its tokens. This is how a model judges a given text instead of writing
     /// one, as in re-ranking passages by how likely a question is after each of them.
     pub fn score(&self, prompt: &Prompt, continuation: &str) -> Result<Scoring> {
+        self.fits_before_tokenising(continuation.len())?;
         let tokens = self.tokenizer.encode(continuation, false)?;
         self.score_tokens(prompt, tokens)
     }
@@ -495,6 +501,7 @@ impl Engine {
                 "at most {MAX_TOP_LOGPROBS} alternatives per token can be reported"
             )));
         }
+        self.fits_before_tokenising(text.len())?;
         let tokens = self.tokenizer.encode(text, false)?;
         let bos = self.tokenizer.bos_id().filter(|_| self.tokenizer.add_bos());
         let (context, scored) = match (bos, tokens.split_first()) {

@@ -501,6 +501,11 @@ fn scoring_gives_each_tokens_logprob_after_what_precedes_it() {
     let (one, none) = engine.score_text("a", 0).expect("one token");
     assert_eq!((one.len(), none.is_none()), (1, true));
     assert!(engine.score_text("a b", 21).is_err());
+    // A text far beyond the context is refused before it is tokenised.
+    assert!(matches!(
+        engine.score_text(&"x".repeat(10_000_000), 0),
+        Err(ModelError::ContextOverflow { .. })
+    ));
     // Empty, out-of-vocabulary and overlong continuations are refused.
     assert!(engine.score(&prompt, "").is_err());
     assert!(engine.score_tokens(&prompt, vec![u32::MAX]).is_err());

@@ -162,6 +162,8 @@ async fn prompt_logprobs(
     top: usize,
 ) -> Result<Value, ApiError> {
     let engine = state.chat_engine(model)?;
+    // Scoring is model work like a generation: a busy server refuses it the same way.
+    let _permit = state.admit()?;
     let text = prompt.to_owned();
     let scorer = engine.clone();
     let (tokens, scoring) = tokio::task::spawn_blocking(move || scorer.score_text(&text, top))
