@@ -69,8 +69,8 @@ fn prompt_text(prompt: Value) -> Result<String, ApiError> {
     }
 }
 
-/// What `echo` asks for: the prompt before the completion, and with `logprobs`, the
-/// prompt's tokens scored too (`Some(alternatives)`).
+/// What `echo` asks for: nothing, the prompt before the completion, or with `logprobs` the
+/// prompt's tokens scored too (`Scored(alternatives per token)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Echo {
     No,
@@ -255,10 +255,8 @@ pub(crate) async fn completions(
                     append_logprobs(&mut lp, legacy_logprobs(&logprobs, covered_chars(head)));
                     (format!("{prompt}{text}"), Some(lp))
                 }
-                None if echo == Echo::Text => (
-                    format!("{prompt}{text}"),
-                    scored.then(|| legacy_logprobs(&logprobs, 0)),
-                ),
+                // Echoed without logprobs: nothing is scored.
+                None if echo == Echo::Text => (format!("{prompt}{text}"), None),
                 None => (text, scored.then(|| legacy_logprobs(&logprobs, 0))),
             };
             let mut c = choice(&text, Some(chat::finish_reason(done.finish_reason)), lp);
