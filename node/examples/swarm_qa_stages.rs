@@ -163,18 +163,13 @@ fn upr_ranks(
         for (r, &i) in by_ql.iter().enumerate() {
             ql_rank[i] = r;
         }
+        // `found` is in lexical order, so a unit's index is its lexical rank.
         let rrf: Vec<f32> = (0..found.len())
             .map(|i| 1.0 / (60.0 + i as f32) + 1.0 / (60.0 + ql_rank[i] as f32))
             .collect();
-        let quoting = |order: &[usize]| {
-            order
-                .iter()
-                .position(|&i| part.quoted_in(&found[i].unit.text))
-        };
-        let mut by_rrf: Vec<usize> = (0..found.len()).collect();
-        by_rrf.sort_by(|&a, &b| rrf[b].total_cmp(&rrf[a]));
-        alone = alone.into_iter().chain(quoting(&by_ql)).min();
-        fused = fused.into_iter().chain(quoting(&by_rrf)).min();
+        let shown: Vec<Unit> = found.into_iter().map(|l| l.unit).collect();
+        alone = alone.into_iter().chain(rank_by(&shown, part, &ql)).min();
+        fused = fused.into_iter().chain(rank_by(&shown, part, &rrf)).min();
     }
     Ok((alone, fused))
 }
