@@ -106,6 +106,10 @@ pub enum Prompt {
     Chat(Vec<ChatMessage>),
     /// Raw text, tokenised as is (control tokens in it are treated as plain text).
     Text(String),
+    /// Token ids, the model's input exactly as given: no BOS is added, nothing is
+    /// re-tokenised (evaluation harnesses send ids so that scores line up with their own
+    /// token boundaries).
+    Tokens(Vec<u32>),
 }
 
 /// A generation request.
@@ -412,16 +416,29 @@ impl Engine {
                 ids.extend(self.tokenizer.encode(text, false)?);
                 Ok(ids)
             }
+            Prompt::Tokens(ids) => {
+                self.check_vocabulary(ids)?;
+                Ok(ids.clone())
+            }
+        }
+    }
+
+    /// Refuses token ids the model has no embedding for.
+    fn check_vocabulary(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+            Some(bad) => Err(ModelError::InvalidRequest(format!(
+                "token {bad} is outside the vocabulary (the model has {} tokens)",
+                self.info.vocab_size
+            ))),
+            None => Ok(()),
         }
     }
 
     /// Queues a request and returns its output stream.
     pub fn generate(&self, req: GenerateRequest) -> Result<Generation> {
         req.sampling.validate()?;
-        if req.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
-            return Err(ModelError::InvalidRequest(format!(
-                "at most {MAX_TOP_LOGPROBS} alternatives per token can be reported"
-            )));
+        if let Some(k) = req.logprobs {
+            self.check_top(k)?;
         }
         if req.max_tokens == 0 {
             return Err(ModelError::InvalidRequest(
@@ -431,6 +448,7 @@ impl Engine {
         let text_bytes: usize = match &req.prompt {
             Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
             Prompt::Text(text) => text.len(),
+            Prompt::Tokens(_) => 0,
         };
         self.fits_before_tokenising(text_bytes)?;
         let prompt = self.prompt_tokens(&req.prompt)?;
@@ -496,14 +514,38 @@ impl Engine {
     /// starts its input with BOS (nothing precedes it). Returns the text's tokens (without
     /// BOS) and the scoring, whose entries cover the last `entries.len()` of them.
     pub fn score_text(&self, text: &str, top: usize) -> Result<(Vec<u32>, Option<Scoring>)> {
+        self.check_top(top)?;
+        self.fits_before_tokenising(text.len())?;
+        let tokens = self.tokenizer.encode(text, false)?;
+        let bos = self.tokenizer.bos_id().filter(|_| self.tokenizer.add_bos());
+        self.score_whole(tokens, bos, top)
+    }
+
+    /// [`score_text`](Self::score_text) for a prompt given as token ids, taken exactly as
+    /// they are: nothing is added before them, so the first id has no entry.
+    pub fn score_ids(&self, ids: Vec<u32>, top: usize) -> Result<(Vec<u32>, Option<Scoring>)> {
+        self.check_top(top)?;
+        self.check_vocabulary(&ids)?;
+        self.score_whole(ids, None, top)
+    }
+
+    fn check_top(&self, top: usize) -> Result<()> {
         if top > MAX_TOP_LOGPROBS {
             return Err(ModelError::InvalidRequest(format!(
                 "at most {MAX_TOP_LOGPROBS} alternatives per token can be reported"
             )));
         }
-        self.fits_before_tokenising(text.len())?;
-        let tokens = self.tokenizer.encode(text, false)?;
-        let bos = self.tokenizer.bos_id().filter(|_| self.tokenizer.add_bos());
+        Ok(())
+    }
+
+    /// Scores every token of `tokens` that has something before it: `bos`, or the tokens
+    /// before it.
+    fn score_whole(
+        &self,
+        tokens: Vec<u32>,
+        bos: Option<u32>,
+        top: usize,
+    ) -> Result<(Vec<u32>, Option<Scoring>)> {
         let (context, scored) = match (bos, tokens.split_first()) {
             (_, None) => return Ok((tokens, None)),
             (Some(b), Some(_)) => (vec![b], tokens.clone()),
@@ -520,11 +562,8 @@ impl Engine {
                 "scoring needs a prompt and a continuation".into(),
             ));
         }
-        if let Some(bad) = scored.iter().find(|&&t| t as usize >= self.info.vocab_size) {
-            return Err(ModelError::InvalidRequest(format!(
-                "token {bad} is outside the vocabulary"
-            )));
-        }
+        self.check_vocabulary(&context)?;
+        self.check_vocabulary(&scored)?;
         let needed = context.len() + scored.len();
         if needed > self.info.context_length {
             return Err(ModelError::ContextOverflow {

@@ -195,7 +195,8 @@ impl Node {
         let app = match &opts.models {
             Some(m) => {
                 let app = AppState::new(api_config)
-                    .with_chat_model_named(m.chat.clone(), m.aliases.clone());
+                    .with_chat_model_named(m.chat.clone(), m.aliases.clone())
+                    .with_model_cache(starling_models::source::ModelCache::new(&opts.home));
                 app.set_embedder(m.embedder.clone());
                 app
             }

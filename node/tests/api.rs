@@ -889,3 +889,342 @@ async fn get_json(server: &Server, path: &str) -> (StatusCode, Value) {
     let status = resp.status();
     (status, resp.json().await.expect("JSON body"))
 }
+
+/// Posts a streamed request and returns its events' JSON (without a final `[DONE]`, if
+/// any).
+async fn stream_events(server: &Server, path: &str, req: &Value) -> Vec<Value> {
+    let resp = client()
+        .post(server.url(path))
+        .json(req)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::OK);
+    SseReader::new(resp)
+        .collect()
+        .await
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .map(|e| serde_json::from_str(e).expect("event JSON"))
+        .collect()
+}
+
+/// The legacy `token_logprobs` of a text completion's first choice.
+fn token_logprobs(body: &Value, choice: usize) -> Vec<Value> {
+    body["choices"][choice]["logprobs"]["token_logprobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("no logprobs: {body}"))
+}
+
+#[tokio::test]
+async fn token_id_prompts_are_the_models_input_as_given_and_max_tokens_zero_only_scores() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_tiny_llama(dir.path(), "tiny", 256);
+    let engine = Engine::load(&path, &EngineConfig::default()).expect("load tiny model");
+    let state = AppState::new(ApiConfig::default())
+        .with_chat_model_named(ModelSlot::new(engine.clone()), vec![]);
+    let tokenizer = engine.tokenizer();
+    let server = Server::start(state).await;
+    let text = "hello there, small friend";
+    // What the model reads for this text: BOS (when the model adds one), then its tokens.
+    let bos: Vec<u32> = tokenizer
+        .bos_id()
+        .filter(|_| tokenizer.add_bos())
+        .into_iter()
+        .collect();
+    let mut ids = bos.clone();
+    ids.extend(tokenizer.encode(text, false).expect("encode"));
+    assert!(ids.len() > 4, "{ids:?}");
+
+    // Scored only (`max_tokens: 0`): the same log-probabilities as the text gives.
+    let score = |prompt: Value| json!({"model": "tiny", "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1});
+    let (status, by_text) = post(&server, "/v1/completions", &score(json!(text))).await;
+    assert_eq!(status, StatusCode::OK, "{by_text}");
+    let (status, by_ids) = post(&server, "/v1/completions", &score(json!(ids))).await;
+    assert_eq!(status, StatusCode::OK, "{by_ids}");
+    for body in [&by_text, &by_ids] {
+        let c = &body["choices"][0];
+        assert_eq!(c["finish_reason"], "length", "{body}");
+        assert_eq!(body["usage"]["completion_tokens"], 0, "{body}");
+        assert_eq!(body["usage"]["prompt_tokens"], ids.len(), "{body}");
+        let tokens: String = c["logprobs"]["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(c["text"].as_str(), Some(tokens.as_str()), "{body}");
+    }
+    let (t, i) = (token_logprobs(&by_text, 0), token_logprobs(&by_ids, 0));
+    // The ids' first token has nothing before it; the text's BOS (if any) is not echoed.
+    assert!(i[0].is_null(), "{by_ids}");
+    assert_eq!(i[bos.len()..], t[..], "ids score as their text");
+    assert!(i[1..].iter().all(|v| v.as_f64().is_some_and(|v| v <= 0.0)));
+
+    // A batch of id prompts: one choice per prompt, in order, each scored on its own.
+    let short = ids[..3].to_vec();
+    let (status, batch) = post(&server, "/v1/completions", &score(json!([ids, short]))).await;
+    assert_eq!(status, StatusCode::OK, "{batch}");
+    let indices: Vec<&Value> = batch["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(|c| &c["index"])
+        .collect();
+    assert_eq!(indices, [0, 1], "{batch}");
+    assert_eq!(token_logprobs(&batch, 0), i);
+    assert_eq!(
+        token_logprobs(&batch, 1),
+        i[..3],
+        "a prefix scores as in the whole"
+    );
+    assert_eq!(batch["usage"]["prompt_tokens"], ids.len() + 3);
+
+    // Generation from ids continues exactly what the text gives (greedy).
+    let generate = |prompt: Value| json!({"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0});
+    let (_, from_text) = post(&server, "/v1/completions", &generate(json!(text))).await;
+    let (status, from_ids) = post(&server, "/v1/completions", &generate(json!(ids))).await;
+    assert_eq!(status, StatusCode::OK, "{from_ids}");
+    assert_eq!(
+        from_ids["choices"][0]["text"],
+        from_text["choices"][0]["text"]
+    );
+    for count in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(from_ids["usage"][count], from_text["usage"][count]);
+    }
+    // Several text prompts, n answers each: index = prompt × n + answer.
+    let mut two = generate(json!([text, "other words"]));
+    two["n"] = json!(2);
+    let (status, body) = post(&server, "/v1/completions", &two).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let choices = body["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 4);
+    assert_eq!(choices[0]["text"], from_text["choices"][0]["text"]);
+    assert_eq!(
+        choices[1]["text"], from_text["choices"][0]["text"],
+        "greedy"
+    );
+
+    // Streamed, scored only: the echoed prompt, then the end.
+    let mut streamed = score(json!(ids));
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = stream_events(&server, "/v1/completions", &streamed).await;
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(
+        events[0]["choices"][0]["logprobs"]["token_logprobs"],
+        json!(i)
+    );
+    assert_eq!(events[1]["choices"][0]["finish_reason"], "length");
+    assert_eq!(events[2]["usage"]["prompt_tokens"], ids.len());
+
+    // Refused, by name.
+    let vocab = 1_000_000_u32;
+    for (body, param) in [
+        (score(json!([1, vocab])), None),
+        (score(json!([[1], []])), Some("prompt")),
+        (
+            json!({"prompt": ["a", "b"], "stream": true}),
+            Some("prompt"),
+        ),
+        (json!({"prompt": [1, -2]}), Some("prompt")),
+    ] {
+        let (status, resp) = post(&server, "/v1/completions", &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {resp}");
+        if let Some(param) = param {
+            assert_eq!(error_of(&resp)["param"], param, "{resp}");
+        }
+        assert!(
+            error_of(&resp)["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{resp}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn responses_answer_as_chat_does_whole_streamed_and_with_valid_function_calls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_tiny_llama(dir.path(), "tiny", 4096);
+    let engine = Engine::load(&path, &EngineConfig::default()).expect("load tiny model");
+    let state =
+        AppState::new(ApiConfig::default()).with_chat_model_named(ModelSlot::new(engine), vec![]);
+    let server = Server::start(state).await;
+
+    // The same answer as a chat completion of the same conversation.
+    let req = json!({"model": "tiny", "instructions": "You are tiny.", "input": "hello there",
+                     "max_output_tokens": 12, "temperature": 0});
+    let (status, whole) = post(&server, "/v1/responses", &req).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let (_, chat) = post(&server, "/v1/chat/completions", &greedy(12)).await;
+    assert_eq!(whole["object"], "response");
+    assert!(whole["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("resp_")));
+    let item = &whole["output"][0];
+    assert_eq!(
+        (&item["type"], &item["role"]),
+        (&json!("message"), &json!("assistant"))
+    );
+    let text = item["content"][0]["text"].as_str().expect("output_text");
+    assert_eq!(
+        Some(text),
+        chat["choices"][0]["message"]["content"].as_str()
+    );
+    let incomplete = chat["choices"][0]["finish_reason"] == "length";
+    assert_eq!(
+        whole["status"],
+        if incomplete {
+            "incomplete"
+        } else {
+            "completed"
+        }
+    );
+    assert_eq!(
+        whole["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+    assert_eq!(
+        whole["usage"]["output_tokens"],
+        chat["usage"]["completion_tokens"]
+    );
+
+    // Streamed: typed events in order, deltas adding up to the same text.
+    let mut streamed = req.clone();
+    streamed["stream"] = json!(true);
+    let events = stream_events(&server, "/v1/responses", &streamed).await;
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"response.created"), "{kinds:?}");
+    let end = if incomplete {
+        "response.incomplete"
+    } else {
+        "response.completed"
+    };
+    assert_eq!(kinds.last(), Some(&end), "{kinds:?}");
+    let seq: Vec<u64> = events
+        .iter()
+        .filter_map(|e| e["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(seq, (0..events.len() as u64).collect::<Vec<_>>());
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, text);
+    let last = &events[events.len() - 1]["response"];
+    assert_eq!(last["output"][0]["content"][0]["text"], text);
+
+    // Function tools: every call parses and fits its schema, whole and streamed.
+    let tools: Vec<Value> = weather_tools()
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| {
+            let mut flat = t["function"].clone();
+            flat["type"] = json!("function");
+            flat
+        })
+        .collect();
+    let check = |item: &Value| {
+        assert_eq!(item["type"], "function_call", "{item}");
+        let call = json!({"type": "function", "id": item["call_id"],
+                          "function": {"name": item["name"], "arguments": item["arguments"]}});
+        check_call(&call, None);
+    };
+    let mut calling = json!({"model": "tiny", "input": "weather?", "max_output_tokens": 200,
+                             "temperature": 1.0, "tools": tools, "tool_choice": "required",
+                             "parallel_tool_calls": false});
+    let (status, body) = post(&server, "/v1/responses", &calling).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let items = body["output"].as_array().expect("output");
+    assert!(!items.is_empty(), "{body}");
+    items.iter().for_each(check);
+    calling["stream"] = json!(true);
+    let events = stream_events(&server, "/v1/responses", &calling).await;
+    let done = &events[events.len() - 1];
+    assert_eq!(done["type"], "response.completed", "{done}");
+    done["response"]["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .for_each(check);
+    // The call and its output, sent back, give an answer.
+    let call = &items[0];
+    let follow = json!({"model": "tiny", "max_output_tokens": 8, "tools": tools, "tool_choice": "none",
+        "input": [{"role": "user", "content": "weather?"},
+                  {"type": "function_call", "call_id": call["call_id"], "name": call["name"], "arguments": call["arguments"]},
+                  {"type": "function_call_output", "call_id": call["call_id"], "output": "4 degrees"}]});
+    let (status, body) = post(&server, "/v1/responses", &follow).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["output"][0]["type"], "message", "{body}");
+
+    // A JSON Schema format is obeyed.
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                        "required": ["ok"], "additionalProperties": false});
+    let formatted = json!({"model": "tiny", "input": "ok?", "max_output_tokens": 64, "temperature": 1.0,
+                           "text": {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": true}}});
+    let (status, body) = post(&server, "/v1/responses", &formatted).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let out: Value = serde_json::from_str(
+        body["output"][0]["content"][0]["text"]
+            .as_str()
+            .expect("text"),
+    )
+    .unwrap_or_else(|e| panic!("{body}: {e}"));
+    assert!(out["ok"].is_boolean(), "{out}");
+
+    // What needs stored state, or a field of this API's own, is refused by name.
+    for (patch, param) in [
+        (
+            json!({"previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
+        (json!({"max_output_tokens": 0}), "max_output_tokens"),
+        (json!({"temperature": 5}), "temperature"),
+        (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (
+            json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}),
+            "text.format",
+        ),
+    ] {
+        let mut bad = req.clone();
+        for (k, v) in patch.as_object().expect("patch") {
+            bad[k] = v.clone();
+        }
+        let (status, body) = post(&server, "/v1/responses", &bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad} → {body}");
+        assert_eq!(error_of(&body)["param"], param, "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ollama_pull_takes_only_registry_names() {
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    for (body, status) in [
+        (json!({"model": "no-such-model"}), StatusCode::NOT_FOUND),
+        (json!({"model": "/etc/passwd"}), StatusCode::NOT_FOUND),
+        (json!({"model": "pip:six==1.16.0"}), StatusCode::NOT_FOUND),
+        (
+            json!({"model": "smollm2-135m-instruct", "insecure": true}),
+            StatusCode::BAD_REQUEST,
+        ),
+        // A registry name, but this state has no model cache to pull into.
+        (
+            json!({"name": "smollm2-135m-instruct:latest"}),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+    ] {
+        let (got, resp) = post(&server, "/api/pull", &body).await;
+        assert_eq!(got, status, "{body} → {resp}");
+        assert!(
+            resp["error"].as_str().is_some_and(|m| !m.is_empty()),
+            "{resp}"
+        );
+    }
+    server.stop().await;
+}

@@ -1,8 +1,8 @@
 """Schemathesis hooks for tests/api_fuzz/run.sh, applied to every request of every phase.
 
 - The node runs a real model, so chat completions are kept short: a `max_tokens` /
-  `max_completion_tokens` above MAX_TOKENS is lowered to it, and a request naming neither
-  gets `max_tokens: MAX_TOKENS`. Values the server must refuse (zero, negative, beyond
+  `max_completion_tokens` (`max_output_tokens` for `/v1/responses`) above MAX_TOKENS is
+  lowered to it, and a request naming none gets it set to MAX_TOKENS. Values the server must refuse (zero, negative, beyond
   64 bits, not an integer) are left alone, so those cases still test the refusal. Ollama's
   `/api/chat` and `/api/generate` get the same bound as `options.num_predict` (unless it
   is a value the server must refuse), since Ollama's default is no limit.
@@ -23,7 +23,11 @@ import schemathesis
 
 MAX_TOKENS = 8
 U64_MAX = 2**64 - 1
-LIMITS = ("max_completion_tokens", "max_tokens")
+LIMITS = {
+    "/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+    "/v1/completions": ("max_tokens",),
+    "/v1/responses": ("max_output_tokens",),
+}
 CHAT_MODEL = os.environ.get("STARLING_TEST_LLM_NAME", "smollm2-135m-instruct")
 EMBED_MODEL = os.environ.get("STARLING_TEST_EMBED_NAME", "all-minilm-l6-v2")
 OLLAMA_MODELS = {
@@ -40,10 +44,10 @@ def _is_count(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _shorten(body):
-    if all(body.get(key) is None for key in LIMITS):
-        body["max_tokens"] = MAX_TOKENS
-    for key in LIMITS:
+def _shorten(body, limits):
+    if all(body.get(key) is None for key in limits):
+        body[limits[0]] = MAX_TOKENS
+    for key in limits:
         if _is_count(body.get(key)) and MAX_TOKENS < body[key] <= U64_MAX:
             body[key] = MAX_TOKENS
 
@@ -69,8 +73,8 @@ def _unprotect(container, keys):
 @schemathesis.hook
 def before_call(context, case, kwargs):
     path, method = case.operation.path, case.method.upper()
-    if path in ("/v1/chat/completions", "/v1/completions") and isinstance(case.body, dict):
-        _shorten(case.body)
+    if path in LIMITS and isinstance(case.body, dict):
+        _shorten(case.body, LIMITS[path])
     elif path in OLLAMA_MODELS and isinstance(case.body, dict):
         model = case.body.get("model")
         if isinstance(model, str) and zlib.crc32(model.encode()) % 2 == 0:

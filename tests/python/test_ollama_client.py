@@ -145,3 +145,16 @@ def test_logprobs_come_with_the_text_they_score(client, names):
                                  logprobs=True, stream=True))
     tokens = [l.token for p in parts for l in (p.logprobs or [])]
     assert "".join(tokens) == "".join(p.response for p in parts)
+
+
+def test_pull_takes_registry_models_and_refuses_anything_else(client, names):
+    # The default chat model is in the cache already: the pull checks it and succeeds.
+    statuses = [p.status for p in client.pull("smollm2-135m-instruct", stream=True)]
+    assert statuses == ["success"]
+    assert client.pull("smollm2-135m-instruct:latest").status == "success"
+    # Only registry names: a path or a source string could probe files or run pip.
+    for bad in ("no-such-model", "/etc/passwd", "pip:six==1.16.0"):
+        with pytest.raises(ollama.ResponseError) as e:
+            client.pull(bad)
+        assert e.value.status_code == 404
+        assert "registry" in str(e.value)

@@ -272,7 +272,7 @@ def test_text_completion_continues_the_prompt_whole_streamed_and_echoed(client, 
     default = client.completions.create(model=served["chat"], prompt="Once upon a time", temperature=0)
     assert default.usage.completion_tokens <= 16  # OpenAI's default max_tokens
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=served["chat"], prompt=[1, 2, 3])
+        client.completions.create(model=served["chat"], prompt=[])
 
 
 def test_logprobs_score_each_token_whole_and_streamed(client, served):
@@ -334,6 +334,101 @@ def test_echo_with_logprobs_scores_the_prompt_as_evaluation_harnesses_ask(client
     )
     assert first.choices[0].text == context
     assert "".join(first.choices[0].logprobs.tokens) == context
+
+
+def test_token_id_prompts_in_a_batch_are_scored_as_lm_eval_asks(client, served):
+    # lm-evaluation-harness sends a batch of token-id prompts with echo, logprobs and
+    # max_tokens 0 or 1, and reads each choice by its index.
+    ids = [[504, 3575, 282, 4649, 314, 7042], [504, 3575, 282]]
+    r = client.completions.create(model=served["chat"], prompt=ids, max_tokens=0, echo=True, logprobs=1)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.prompt_tokens == 9 and r.usage.completion_tokens == 0
+    for choice, prompt in zip(r.choices, ids):
+        lp = choice.logprobs
+        assert choice.finish_reason == "length"
+        assert len(lp.tokens) == len(prompt)  # every id, none added or merged
+        assert "".join(lp.tokens) == choice.text
+        assert lp.token_logprobs[0] is None  # nothing before the first id
+        assert all(v <= 0 for v in lp.token_logprobs[1:])
+    # The prefix scores as it does inside the longer prompt.
+    assert r.choices[1].logprobs.token_logprobs == r.choices[0].logprobs.token_logprobs[:3]
+    one = client.completions.create(model=served["chat"], prompt=ids[0], max_tokens=1, echo=True, logprobs=1)
+    assert one.choices[0].logprobs.token_logprobs[:6] == r.choices[0].logprobs.token_logprobs
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=served["chat"], prompt=[[1, 10**9]], max_tokens=0, echo=True, logprobs=1)
+
+
+RESPONSE_WEATHER_TOOL = {"type": "function", "strict": True, **WEATHER_TOOL["function"]}
+
+
+def test_responses_api_answers_whole_and_streamed_as_chat_does(client, served):
+    ask = dict(
+        model=served["chat"],
+        instructions=CAPITAL[0]["content"],
+        input=CAPITAL[1]["content"],
+        temperature=0,
+        max_output_tokens=24,
+    )
+    r = client.responses.create(**ask)
+    assert r.object == "response" and r.status in ("completed", "incomplete")
+    assert "Paris" in r.output_text
+    assert r.usage.input_tokens > 10 and 0 < r.usage.output_tokens <= 24
+    chat = client.chat.completions.create(model=served["chat"], messages=CAPITAL, temperature=0, max_tokens=24)
+    assert r.output_text == chat.choices[0].message.content
+    with client.responses.stream(**ask) as stream:
+        events = list(stream)
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    # `response.incomplete` when max_output_tokens cut it, as OpenAI sends it.
+    assert events[-1].type == ("response.incomplete" if r.status == "incomplete" else "response.completed")
+    assert "".join(deltas) == events[-1].response.output[0].content[0].text == r.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**ask, previous_response_id=r.id)
+    assert e.value.param == "previous_response_id"
+    assert "stores no responses" in e.value.message
+
+
+def test_responses_parse_fills_a_pydantic_model(client, served):
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+
+    r = client.responses.parse(
+        model=served["chat"],
+        input="Name a city in Italy.",
+        text_format=City,
+        temperature=0,
+        max_output_tokens=80,
+    )
+    assert isinstance(r.output_parsed, City)  # the schema is enforced token by token
+
+
+def test_responses_function_call_runs_and_its_output_reaches_the_answer(client, served):
+    inputs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.responses.create(
+        model=served["chat"],
+        input=inputs,
+        tools=[RESPONSE_WEATHER_TOOL],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=120,
+    )
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and all(c.name == "get_weather" for c in calls)
+    before = len(get_weather.calls)
+    inputs += [c.model_dump(exclude_none=True) for c in calls]
+    for c in calls:
+        args = json.loads(c.arguments)  # every call parses ...
+        assert set(args) == {"city"} and isinstance(args["city"], str)  # ... and fits the schema
+        inputs.append({"type": "function_call_output", "call_id": c.call_id, "output": get_weather(**args)})
+    assert len(get_weather.calls) > before, "the function ran"
+    final = client.responses.create(
+        model=served["chat"], input=inputs, tools=[RESPONSE_WEATHER_TOOL], temperature=0, max_output_tokens=60
+    )
+    assert final.output[0].type in ("message", "function_call")
+    assert final.status in ("completed", "incomplete")
 
 
 def test_n_answers_are_separate_generations(client, served):

@@ -114,9 +114,10 @@ pub(crate) struct ChatPlan {
     pub logprobs: Option<usize>,
     /// How many answers to write (`n`; never more than one when streaming).
     pub n: usize,
-    /// Raw text to continue instead of `messages` (Ollama's `raw` generate): no chat
-    /// template, no worked examples, no tool instructions.
-    pub raw: Option<String>,
+    /// A raw prompt (text or token ids) to continue instead of `messages` (Ollama's `raw`
+    /// generate, OpenAI's text completions): no chat template, no worked examples, no tool
+    /// instructions.
+    pub raw: Option<Prompt>,
 }
 
 impl ChatCompletionRequest {
@@ -535,9 +536,9 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
     };
     let mut shown = Vec::new();
     let generation = if let Some(raw) = plan.raw.take() {
-        // Raw text is the model's input as it is: no examples, no instructions.
+        // A raw prompt is the model's input as it is: no examples, no instructions.
         let permit = state.admit()?;
-        (generate(&engine, request(Prompt::Text(raw))).await?, permit)
+        (generate(&engine, request(raw)).await?, permit)
     } else {
         // Worked examples from shared memories, when the node is set to show them. The
         // request as sent is kept: it is answered as is if the examples do not fit.

@@ -14,7 +14,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use starling_models::engine::TokenLogprob;
+use starling_models::engine::{Engine, Prompt, TokenLogprob};
 
 use super::chat::{self, ChatCompletionRequest, Collected, Started};
 use super::error::ApiError;
@@ -50,23 +50,97 @@ impl Documented for CompletionRequest {
     const SCHEMA: &'static str = "CompletionRequest";
 }
 
-/// The prompt: a string, or an array holding one string.
-fn prompt_text(prompt: Value) -> Result<String, ApiError> {
-    match prompt {
-        Value::String(s) => Ok(s),
-        Value::Array(mut items) if items.len() == 1 && items[0].is_string() => Ok(items
-            .pop()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default()),
-        Value::Array(items) if items.iter().all(Value::is_string) => Err(ApiError::invalid_param(
-            "prompt",
-            "one prompt per request: send each prompt in its own request",
-        )),
-        _ => Err(ApiError::invalid_param(
-            "prompt",
-            "token-id prompts are not supported; send the prompt as text",
-        )),
+/// Most prompts one request may carry (answers: prompts × `n`, at most this many too).
+pub(crate) const MAX_PROMPTS: usize = 32;
+
+/// One prompt of a request: text, or token ids taken exactly as they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PromptIn {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+impl PromptIn {
+    fn to_engine(&self) -> Prompt {
+        match self {
+            Self::Text(t) => Prompt::Text(t.clone()),
+            Self::Ids(ids) => Prompt::Tokens(ids.clone()),
+        }
     }
+
+    /// Its text, as echoed: token ids are written out as the model's tokens.
+    fn text(&self, engine: &Engine) -> String {
+        match self {
+            Self::Text(t) => t.clone(),
+            Self::Ids(ids) => token_text(engine, ids),
+        }
+    }
+}
+
+/// The text of token ids (bytes that are no valid UTF-8, as in a piece of a character, are
+/// replaced).
+fn token_text(engine: &Engine, ids: &[u32]) -> String {
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&t| engine.tokenizer().token_bytes(t).iter().copied())
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The prompts of a request, as OpenAI takes them: a string, an array of strings, an array
+/// of token ids, or an array of such arrays. Each is answered on its own (`n` answers
+/// each).
+fn prompts(prompt: Value) -> Result<Vec<PromptIn>, ApiError> {
+    const SHAPE: &str = "a prompt is a string, an array of strings, an array of token ids, or an array of arrays of token ids";
+    let ids = |items: &[Value]| -> Option<Vec<u32>> {
+        items
+            .iter()
+            .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect()
+    };
+    let list = match prompt {
+        Value::String(s) => vec![PromptIn::Text(s)],
+        Value::Array(items) if items.is_empty() => {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"))
+        }
+        Value::Array(items) if items.iter().all(Value::is_string) => items
+            .into_iter()
+            .map(|v| PromptIn::Text(v.as_str().unwrap_or_default().to_owned()))
+            .collect(),
+        Value::Array(items) if items.iter().all(Value::is_number) => {
+            vec![PromptIn::Ids(ids(&items).ok_or_else(|| {
+                ApiError::invalid_param("prompt", "token ids are integers from 0 to 2^32 - 1")
+            })?)]
+        }
+        Value::Array(items) if items.iter().all(Value::is_array) => items
+            .iter()
+            .map(|v| {
+                ids(v.as_array().map(Vec::as_slice).unwrap_or_default())
+                    .map(PromptIn::Ids)
+                    .ok_or_else(|| ApiError::invalid_param("prompt", SHAPE))
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(ApiError::invalid_param("prompt", SHAPE)),
+    };
+    if list.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("at most {MAX_PROMPTS} prompts per request"),
+        ));
+    }
+    let empty = |p: &PromptIn| match p {
+        PromptIn::Text(t) => t.is_empty(),
+        PromptIn::Ids(ids) => ids.is_empty(),
+    };
+    if let Some(i) = list.iter().position(empty) {
+        let which = if list.len() == 1 {
+            "the prompt is empty".to_owned()
+        } else {
+            format!("prompt {i} is empty")
+        };
+        return Err(ApiError::invalid_param("prompt", which));
+    }
+    Ok(list)
 }
 
 /// What `echo` asks for: nothing, the prompt before the completion, or with `logprobs` the
@@ -78,13 +152,35 @@ enum Echo {
     Scored(usize),
 }
 
+/// A text completion request read: the chat request it amounts to (for the sampling
+/// fields and their checks), its prompts, what to echo, and whether it only scores
+/// (`max_tokens: 0`, with `echo` the prompt's log-probabilities and nothing generated).
+#[derive(Debug)]
+struct Read {
+    chat: ChatCompletionRequest,
+    prompts: Vec<PromptIn>,
+    echo: Echo,
+    generates: bool,
+}
+
 impl CompletionRequest {
-    /// The chat request this one amounts to, the prompt and what to echo.
-    fn into_chat(self) -> Result<(ChatCompletionRequest, String, Echo), ApiError> {
-        let prompt = prompt_text(self.prompt)?;
-        if prompt.is_empty() {
-            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+    /// The request as the handler uses it.
+    fn read(self) -> Result<Read, ApiError> {
+        let prompts = prompts(self.prompt)?;
+        let n = usize::try_from(self.n.unwrap_or(1)).unwrap_or(usize::MAX);
+        if prompts.len() > 1 && n.saturating_mul(prompts.len()) > MAX_PROMPTS {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!("prompts × n is at most {MAX_PROMPTS}"),
+            ));
         }
+        if prompts.len() > 1 && self.stream == Some(true) {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                "several prompts cannot be streamed: stream one prompt per request, or ask with stream: false",
+            ));
+        }
+        let generates = self.max_tokens != Some(0);
         let mut req = Map::new();
         let mut put = |k: &str, v: Value| {
             if !v.is_null() {
@@ -94,9 +190,10 @@ impl CompletionRequest {
         put("model", json!(self.model));
         // The chat checks need a message; the prompt itself is sent raw.
         put("messages", json!([{"role": "user", "content": "-"}]));
+        // `max_tokens: 0` generates nothing; the chat checks still read the other fields.
         put(
             "max_tokens",
-            json!(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+            json!(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).max(1)),
         );
         put("temperature", json!(self.temperature));
         put("top_p", json!(self.top_p));
@@ -121,7 +218,12 @@ impl CompletionRequest {
         };
         let chat = serde_json::from_value(Value::Object(req))
             .map_err(|e| ApiError::invalid(format!("invalid request: {e}")))?;
-        Ok((chat, prompt, echo))
+        Ok(Read {
+            chat,
+            prompts,
+            echo,
+            generates,
+        })
     }
 }
 
@@ -157,19 +259,21 @@ fn legacy_logprobs(entries: &[TokenLogprob], mut offset: usize) -> Value {
 /// where nothing comes before it to predict it.
 async fn prompt_logprobs(
     state: &AppState,
-    model: Option<&str>,
-    prompt: &str,
+    engine: &Engine,
+    prompt: &PromptIn,
     top: usize,
 ) -> Result<Value, ApiError> {
-    let engine = state.chat_engine(model)?;
     // Scoring is model work like a generation: a busy server refuses it the same way.
     let _permit = state.admit()?;
-    let text = prompt.to_owned();
     let scorer = engine.clone();
-    let (tokens, scoring) = tokio::task::spawn_blocking(move || scorer.score_text(&text, top))
-        .await
-        .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))?
-        .map_err(ApiError::from)?;
+    let prompt_in = prompt.clone();
+    let (tokens, scoring) = tokio::task::spawn_blocking(move || match prompt_in {
+        PromptIn::Text(text) => scorer.score_text(&text, top),
+        PromptIn::Ids(ids) => scorer.score_ids(ids, top),
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))?
+    .map_err(ApiError::from)?;
     let entries = match scoring {
         Some(s) => s.wait().await.map_err(ApiError::from)?.entries,
         None => Vec::new(),
@@ -179,7 +283,7 @@ async fn prompt_logprobs(
     let mut out = legacy_logprobs(&[], 0);
     let mut offset = 0;
     for &t in unscored {
-        let text = String::from_utf8_lossy(engine.tokenizer().token_bytes(t)).into_owned();
+        let text = token_text(engine, &[t]);
         let len = text.chars().count();
         for (key, v) in [
             ("tokens", json!(text)),
@@ -195,6 +299,36 @@ async fn prompt_logprobs(
     }
     append_logprobs(&mut out, legacy_logprobs(&entries, offset));
     Ok(out)
+}
+
+/// How many tokens `prompt` is to the model (with BOS where the model adds one), counted
+/// off the async threads: a long text takes a while to tokenise.
+async fn prompt_length(engine: &Engine, prompt: &PromptIn) -> Result<usize, ApiError> {
+    let engine = engine.clone();
+    let prompt = prompt.to_engine();
+    tokio::task::spawn_blocking(move || engine.prompt_tokens(&prompt).map(|t| t.len()))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request task failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+/// Token counts of a whole request, over all its prompts.
+#[derive(Default)]
+struct Usage {
+    prompt: usize,
+    completion: usize,
+    cached: usize,
+}
+
+impl Usage {
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        })
+    }
 }
 
 /// Appends the lists of `more` to those of `to` (both legacy `logprobs`).
@@ -224,71 +358,141 @@ pub(crate) async fn completions(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let (chat_req, prompt, echo) = body.into_chat()?;
+    let Read {
+        chat: chat_req,
+        prompts,
+        echo,
+        generates,
+    } = body.read()?;
     let mut plan = chat_req.plan()?;
-    plan.raw = Some(prompt.clone());
+    let engine = state.chat_engine(plan.model.as_deref())?;
     let id = chat::random_id("cmpl-");
     let created = chat::unix_now();
     let scored = plan.logprobs.is_some();
-    // The prompt's own scores, when echoed with logprobs (the same for every answer).
-    let echoed = match echo {
-        Echo::Scored(top) => {
-            Some(prompt_logprobs(&state, plan.model.as_deref(), &prompt, top).await?)
-        }
-        Echo::No | Echo::Text => None,
-    };
+    // What a choice says of its tokens' scores when nothing is generated.
+    let nothing_scored = || scored.then(|| legacy_logprobs(&[], 0));
     if !plan.stream {
-        let mut choices = Vec::with_capacity(plan.n);
-        let mut answers = Vec::with_capacity(plan.n);
-        let mut model = String::new();
-        for (index, mut one) in chat::choice_plans(&plan).into_iter().enumerate() {
-            let started = chat::start(&state, &mut one).await?;
-            model = started.model_id;
-            let Collected {
-                text,
-                done,
-                logprobs,
-            } = chat::collect(started.generation, started.run, &state).await?;
-            let (text, lp) = match &echoed {
-                Some(head) => {
-                    let mut lp = head.clone();
-                    append_logprobs(&mut lp, legacy_logprobs(&logprobs, covered_chars(head)));
-                    (format!("{prompt}{text}"), Some(lp))
-                }
-                // Echoed without logprobs: nothing is scored.
-                None if echo == Echo::Text => (format!("{prompt}{text}"), None),
-                None => (text, scored.then(|| legacy_logprobs(&logprobs, 0))),
+        let mut choices = Vec::with_capacity(plan.n * prompts.len());
+        let mut usage = Usage::default();
+        let mut model = engine.info().id.clone();
+        for (p, prompt) in prompts.iter().enumerate() {
+            // The prompt's own scores, when echoed with logprobs (the same for every answer).
+            let echoed = match echo {
+                Echo::Scored(top) => Some(prompt_logprobs(&state, &engine, prompt, top).await?),
+                Echo::No | Echo::Text => None,
             };
-            let mut c = choice(&text, Some(chat::finish_reason(done.finish_reason)), lp);
-            c["index"] = json!(index);
-            choices.push(c);
-            answers.push(done);
+            let head = match echo {
+                Echo::No => String::new(),
+                Echo::Text | Echo::Scored(_) => prompt.text(&engine),
+            };
+            if !generates {
+                usage.prompt += prompt_length(&engine, prompt).await?;
+                for i in 0..plan.n {
+                    let mut c = choice(
+                        &head,
+                        Some("length"),
+                        echoed.clone().or_else(nothing_scored),
+                    );
+                    c["index"] = json!(p * plan.n + i);
+                    choices.push(c);
+                }
+                continue;
+            }
+            let mut answers = Vec::with_capacity(plan.n);
+            for (i, mut one) in chat::choice_plans(&plan).into_iter().enumerate() {
+                one.raw = Some(prompt.to_engine());
+                let started = chat::start(&state, &mut one).await?;
+                model = started.model_id;
+                let Collected {
+                    text,
+                    done,
+                    logprobs,
+                } = chat::collect(started.generation, started.run, &state).await?;
+                let lp = match &echoed {
+                    Some(scores) => {
+                        let mut lp = scores.clone();
+                        append_logprobs(&mut lp, legacy_logprobs(&logprobs, covered_chars(scores)));
+                        Some(lp)
+                    }
+                    // Echoed without logprobs: nothing is scored.
+                    None => scored.then(|| legacy_logprobs(&logprobs, 0)),
+                };
+                let mut c = choice(
+                    &format!("{head}{text}"),
+                    Some(chat::finish_reason(done.finish_reason)),
+                    lp,
+                );
+                c["index"] = json!(p * plan.n + i);
+                choices.push(c);
+                answers.push(done);
+            }
+            // Each prompt counted once, its completions summed.
+            usage.prompt += answers.first().map_or(0, |d| d.prompt_tokens);
+            usage.cached += answers.first().map_or(0, |d| d.cached_prompt_tokens);
+            usage.completion += answers.iter().map(|d| d.completion_tokens).sum::<usize>();
         }
         return Ok(Json(
             json!({"id": id, "object": "text_completion", "created": created,
-                              "model": model, "system_fingerprint": null, "choices": choices,
-                              "usage": chat::usage_of_all(&answers)}),
+                   "model": model, "system_fingerprint": null, "choices": choices,
+                   "usage": usage.json()}),
         )
         .into_response());
     }
+    // Streamed: one prompt (several are refused when the request is read).
+    let prompt = &prompts[0];
+    let echoed = match echo {
+        Echo::Scored(top) => Some(prompt_logprobs(&state, &engine, prompt, top).await?),
+        Echo::No | Echo::Text => None,
+    };
+    let include_usage = plan.include_usage;
+    let model_id = engine.info().id.clone();
+    let head = move |model: &str, choices: Value| {
+        json!({"id": id, "object": "text_completion", "created": created,
+               "model": model, "system_fingerprint": null, "choices": choices})
+    };
+    let first = (echo != Echo::No).then(|| {
+        head(
+            &model_id,
+            json!([choice(&prompt.text(&engine), None, echoed.clone())]),
+        )
+    });
+    let done = |events: Vec<Value>| {
+        let events = events
+            .into_iter()
+            .map(|v| Ok::<_, Infallible>(Event::default().data(v.to_string())))
+            .chain([Ok(Event::default().data("[DONE]"))]);
+        Sse::new(futures::stream::iter(events))
+            .keep_alive(KeepAlive::default())
+            .into_response()
+    };
+    if !generates {
+        let mut events: Vec<Value> = first.into_iter().collect();
+        let lp = (echo == Echo::No).then(nothing_scored).flatten();
+        events.push(head(&model_id, json!([choice("", Some("length"), lp)])));
+        if include_usage {
+            let mut u = head(&model_id, json!([]));
+            u["usage"] = Usage {
+                prompt: prompt_length(&engine, prompt).await?,
+                ..Usage::default()
+            }
+            .json();
+            events.push(u);
+        }
+        return Ok(done(events));
+    }
+    plan.raw = Some(prompt.to_engine());
     let Started {
         generation,
         run,
         model_id,
         ..
     } = chat::start(&state, &mut plan).await?;
-    let head = move |choices: Value| {
-        json!({"id": id, "object": "text_completion", "created": created,
-               "model": model_id, "system_fingerprint": null, "choices": choices})
-    };
-    let include_usage = plan.include_usage;
     // Log-probabilities wait for the text of their tokens; `sent` counts the characters
     // sent so far, for the offsets.
     let mut sent = match &echoed {
         Some(lp) => covered_chars(lp),
         None => 0,
     };
-    let first = (echo != Echo::No).then(|| head(json!([choice(&prompt, None, echoed)])));
     let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
     let mut pending: Vec<TokenLogprob> = Vec::new();
     let events = futures::stream::iter(first)
@@ -303,12 +507,13 @@ pub(crate) async fn completions(
                     pending.push(l);
                     Vec::new()
                 }
-                chat::Piece::Text(t) => vec![head(json!([choice(&t, None, take(&t))]))],
+                chat::Piece::Text(t) => vec![head(&model_id, json!([choice(&t, None, take(&t))]))],
                 chat::Piece::Done(done) => {
                     let reason = chat::finish_reason(done.finish_reason);
-                    let mut last = vec![head(json!([choice("", Some(reason), take(""))]))];
+                    let mut last =
+                        vec![head(&model_id, json!([choice("", Some(reason), take(""))]))];
                     if include_usage {
-                        let mut u = head(json!([]));
+                        let mut u = head(&model_id, json!([]));
                         u["usage"] = chat::usage(&done);
                         last.push(u);
                     }
@@ -336,35 +541,91 @@ mod tests {
     }
 
     #[test]
-    fn prompts_are_one_text() {
-        assert_eq!(prompt_text(json!("a b")).expect("string"), "a b");
-        assert_eq!(prompt_text(json!(["a b"])).expect("one"), "a b");
-        assert!(prompt_text(json!(["a", "b"])).is_err());
-        assert!(prompt_text(json!([1, 2, 3])).is_err());
-        assert!(prompt_text(json!([[1, 2]])).is_err());
-        assert!(prompt_text(json!(null)).is_err());
+    fn prompts_are_texts_or_token_ids_as_openai_takes_them() {
+        let text = |t: &str| PromptIn::Text(t.to_owned());
+        assert_eq!(prompts(json!("a b")).expect("string"), [text("a b")]);
+        assert_eq!(prompts(json!(["a b"])).expect("one"), [text("a b")]);
+        assert_eq!(
+            prompts(json!(["a", "b"])).expect("two"),
+            [text("a"), text("b")]
+        );
+        assert_eq!(
+            prompts(json!([1, 2, 3])).expect("ids"),
+            [PromptIn::Ids(vec![1, 2, 3])]
+        );
+        assert_eq!(
+            prompts(json!([[1, 2], [3]])).expect("batch of ids"),
+            [PromptIn::Ids(vec![1, 2]), PromptIn::Ids(vec![3])]
+        );
+        for bad in [
+            json!(null),
+            json!([]),
+            json!(""),
+            json!(["a", ""]),
+            json!([[1], []]),
+            json!([1, "a"]),
+            json!([-1]),
+            json!([1.5]),
+            json!([4_294_967_296_u64]),
+            json!([[1], "a"]),
+            json!([[1, [2]]]),
+            json!({"text": "a"}),
+        ] {
+            assert!(prompts(bad.clone()).is_err(), "{bad} is refused");
+        }
+        let many: Vec<String> = (0..=MAX_PROMPTS).map(|i| i.to_string()).collect();
+        assert!(prompts(json!(many)).is_err());
     }
 
     #[test]
     fn max_tokens_defaults_to_sixteen_and_chat_checks_apply() {
-        let (chat, prompt, echo) = request(json!({"prompt": "Once", "echo": true}))
-            .into_chat()
+        let read = request(json!({"prompt": "Once", "echo": true}))
+            .read()
             .expect("valid");
-        let plan = chat.plan().expect("plan");
-        assert_eq!(plan.max_tokens, Some(16));
-        assert_eq!((prompt.as_str(), echo), ("Once", Echo::Text));
-        let (_, _, echo) = request(json!({"prompt": "Once", "echo": true, "logprobs": 2}))
-            .into_chat()
+        assert_eq!((read.echo, read.generates), (Echo::Text, true));
+        assert_eq!(read.prompts, [PromptIn::Text("Once".into())]);
+        assert_eq!(read.chat.plan().expect("plan").max_tokens, Some(16));
+        let read = request(json!({"prompt": "Once", "echo": true, "logprobs": 2}))
+            .read()
             .expect("valid");
-        assert_eq!(echo, Echo::Scored(2));
-        let (_, _, echo) = request(json!({"prompt": "Once", "logprobs": 2}))
-            .into_chat()
+        assert_eq!(read.echo, Echo::Scored(2));
+        let read = request(json!({"prompt": "Once", "logprobs": 2}))
+            .read()
             .expect("valid");
-        assert_eq!(echo, Echo::No);
-        let (chat, _, _) = request(json!({"prompt": "x", "temperature": 7}))
-            .into_chat()
+        assert_eq!(read.echo, Echo::No);
+        let read = request(json!({"prompt": "x", "temperature": 7}))
+            .read()
             .expect("read");
-        assert!(chat.plan().is_err(), "the chat checks refuse temperature 7");
-        assert!(request(json!({"prompt": ""})).into_chat().is_err());
+        assert!(
+            read.chat.plan().is_err(),
+            "the chat checks refuse temperature 7"
+        );
+        assert!(request(json!({"prompt": ""})).read().is_err());
+    }
+
+    #[test]
+    fn max_tokens_zero_only_scores_and_the_sampling_fields_are_still_checked() {
+        let read = request(json!({"prompt": [5, 6], "max_tokens": 0, "echo": true, "logprobs": 1}))
+            .read()
+            .expect("valid");
+        assert!(!read.generates);
+        assert_eq!(read.echo, Echo::Scored(1));
+        read.chat.plan().expect("the chat checks pass");
+        let read = request(json!({"prompt": "x", "max_tokens": 0, "top_p": 0}))
+            .read()
+            .expect("read");
+        assert!(read.chat.plan().is_err(), "top_p 0 is refused as always");
+    }
+
+    #[test]
+    fn several_prompts_are_answered_unstreamed_and_bounded_with_n() {
+        let two = json!(["a", "b"]);
+        assert!(request(json!({"prompt": two, "n": 2})).read().is_ok());
+        assert!(request(json!({"prompt": two, "stream": true}))
+            .read()
+            .is_err());
+        let many: Vec<String> = (0..MAX_PROMPTS).map(|i| i.to_string()).collect();
+        assert!(request(json!({"prompt": many, "n": 1})).read().is_ok());
+        assert!(request(json!({"prompt": many, "n": 2})).read().is_err());
     }
 }

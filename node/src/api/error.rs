@@ -227,6 +227,11 @@ impl ApiError {
         self.status
     }
 
+    /// The request field it names, if any.
+    pub fn param(&self) -> Option<&str> {
+        self.param.as_deref()
+    }
+
     /// The human-readable message.
     pub fn message(&self) -> &str {
         &self.message

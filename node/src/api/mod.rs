@@ -30,6 +30,7 @@ mod models;
 pub mod node;
 mod ollama;
 mod openapi;
+mod responses;
 mod state;
 pub mod tasks;
 mod tools;
@@ -112,6 +113,7 @@ pub fn router_with(state: AppState, extra: Router) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))
@@ -121,6 +123,7 @@ pub fn router_with(state: AppState, extra: Router) -> Router {
         .route("/api/embed", post(ollama::embed))
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/api/show", post(ollama::show))
+        .route("/api/pull", post(ollama::pull))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))

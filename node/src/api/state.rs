@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use starling_models::embed::EmbedHandle;
 use starling_models::engine::{Engine, ModelSlot};
+use starling_models::source::ModelCache;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -79,6 +80,13 @@ pub struct MemoryExamples {
     pub min_cosine: f32,
 }
 
+/// The model cache `/api/pull` fetches into, and the lock that makes pulls take turns.
+#[derive(Clone)]
+pub(crate) struct ModelPulls {
+    pub cache: ModelCache,
+    pub turn: Arc<tokio::sync::Mutex<()>>,
+}
+
 /// Models can be set, replaced or removed while the server runs: a request takes the model
 /// in place when it starts and keeps it to its end.
 #[derive(Clone)]
@@ -95,6 +103,8 @@ struct Shared {
     inflight: Arc<Semaphore>,
     shutdown: CancellationToken,
     created: u64,
+    /// Where `/api/pull` fetches registry models to, and one pull at a time.
+    pulls: std::sync::OnceLock<ModelPulls>,
 }
 
 impl AppState {
@@ -114,6 +124,7 @@ impl AppState {
                 metrics: Metrics::default(),
                 shutdown: CancellationToken::new(),
                 created,
+                pulls: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -129,6 +140,22 @@ impl AppState {
     pub fn with_chat_model_named(self, slot: ModelSlot, aliases: Vec<String>) -> Self {
         self.set_chat_model(Some(slot), aliases);
         self
+    }
+
+    /// Lets `/api/pull` fetch the registry's models into `cache` (the cache the server
+    /// loads its own models from). Without it, pulls are refused with 503.
+    pub fn with_model_cache(self, cache: ModelCache) -> Self {
+        // Set once, while the state is built; a second call keeps the first cache.
+        let _ = self.inner.pulls.set(ModelPulls {
+            cache,
+            turn: Arc::new(tokio::sync::Mutex::new(())),
+        });
+        self
+    }
+
+    /// Where `/api/pull` fetches to, if anywhere.
+    pub(crate) fn model_pulls(&self) -> Option<ModelPulls> {
+        self.inner.pulls.get().cloned()
     }
 
     /// Serves `handle` as the embedding model.

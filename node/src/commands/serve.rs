@@ -84,7 +84,9 @@ pub fn build_state(
     let aliases = registry::find(&model.model)
         .map(|k| vec![k.name.to_owned()])
         .unwrap_or_default();
-    let state = AppState::new(config).with_chat_model_named(ModelSlot::new(engine), aliases);
+    let state = AppState::new(config)
+        .with_chat_model_named(ModelSlot::new(engine), aliases)
+        .with_model_cache(ModelCache::new(home));
     if let Some(spec) = embedding {
         let handle = load_embedder(home, spec, model.embed_backend)?;
         eprintln!(
