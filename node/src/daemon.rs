@@ -217,6 +217,13 @@ impl Node {
                 .context("model loading panicked")??
             }
         };
+        // Remote model switches load with the node's model options, from the model cache,
+        // the configured model's directory and `[models] dirs` only.
+        let app = app.with_model_switch(crate::commands::serve::model_switch(
+            &opts.home,
+            &model_args(&config),
+            &config.models.dirs,
+        ));
         let node_store =
             Store::open(data_dir.join("node.db")).map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut tools = ToolBox::from_config(&config.agent).map_err(|e| anyhow::anyhow!("{e}"))?;

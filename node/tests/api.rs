@@ -1228,3 +1228,70 @@ async fn ollama_pull_takes_only_registry_names() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_chat_model_switches_at_runtime_to_files_under_the_model_directories_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).expect("models dir");
+    let first = write_tiny_llama(&models, "first", 256);
+    let second = write_tiny_llama(&models, "second", 512);
+    let elsewhere = write_tiny_llama(dir.path(), "elsewhere", 256);
+    let engine = Engine::load(&first, &EngineConfig::default()).expect("load tiny model");
+    let switch = starling_node::api::ModelSwitch {
+        dirs: vec![models.clone()],
+        load: std::sync::Arc::new(|spec: &str| {
+            Engine::load(std::path::Path::new(spec), &EngineConfig::default())
+                .map_err(|e| e.to_string())
+        }),
+    };
+    let state = AppState::new(ApiConfig::default())
+        .with_chat_model_named(ModelSlot::new(engine), vec![])
+        .with_model_switch(switch);
+    let server = Server::start(state).await;
+    let (status, before) = get_json(&server, "/api/models/active").await;
+    assert_eq!(status, StatusCode::OK, "{before}");
+    assert_eq!(before["context_length"], 256);
+
+    let put = |spec: &std::path::Path| {
+        let body = json!({"model": spec.display().to_string()});
+        let url = server.url("/api/models/active");
+        async move {
+            let resp = client().put(url).json(&body).send().await.expect("send");
+            (resp.status(), resp.json::<Value>().await.expect("JSON"))
+        }
+    };
+    let (status, after) = put(&second).await;
+    assert_eq!(status, StatusCode::OK, "{after}");
+    assert_eq!(after["context_length"], 512);
+    let (_, shown) = get_json(&server, "/api/models/active").await;
+    assert_eq!(shown["path"], after["path"]);
+    // The new model answers.
+    let mut req = greedy(4);
+    req["model"] = json!(after["id"]);
+    let (status, body) = post(&server, "/v1/chat/completions", &req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // A file elsewhere and a missing one get the same refusal, naming no file.
+    let (status, outside) = put(&elsewhere).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{outside}");
+    let (_, missing) = put(&models.join("none.gguf")).await;
+    assert_eq!(error_of(&outside)["message"], error_of(&missing)["message"]);
+    let (_, still) = get_json(&server, "/api/models/active").await;
+    assert_eq!(
+        still["context_length"], 512,
+        "a refused switch changes nothing"
+    );
+    server.stop().await;
+
+    // A server given no way to switch refuses with 503.
+    let (server, _dir) = tiny_server(ApiConfig::default()).await;
+    let resp = client()
+        .put(server.url("/api/models/active"))
+        .json(&json!({"model": "smollm2-135m-instruct"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    server.stop().await;
+}

@@ -53,7 +53,7 @@ use tower_http::trace::TraceLayer;
 pub use chat::MEMORIES_HEADER;
 pub use error::ApiError;
 pub(crate) use extract::{ApiJson, ApiPath, ApiQuery, Documented};
-pub use state::{ApiConfig, AppState, MemoryExamples, MetricsSnapshot};
+pub use state::{ApiConfig, AppState, LoadModel, MemoryExamples, MetricsSnapshot, ModelSwitch};
 
 use state::Metrics;
 
@@ -124,6 +124,10 @@ pub fn router_with(state: AppState, extra: Router) -> Router {
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/api/show", post(ollama::show))
         .route("/api/pull", post(ollama::pull))
+        .route(
+            "/api/models/active",
+            get(models::active_model).put(models::switch_model),
+        )
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))

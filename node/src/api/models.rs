@@ -6,8 +6,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use starling_models::engine::ModelSlot;
+use starling_models::source::{registry, ModelSource};
+
 use super::error::ApiError;
-use super::extract::ApiPath;
+use super::extract::{ApiJson, ApiPath, Documented};
 use super::state::{AppState, ServedModel};
 
 fn model_object(state: &AppState, m: &ServedModel) -> Value {
@@ -165,4 +171,155 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Exposition {
         out.metric(name, kind, help, value as f64);
     }
     out
+}
+
+/// The active chat model.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ActiveModel {
+    /// Model id (file name).
+    pub id: String,
+    /// Architecture.
+    pub architecture: String,
+    /// Quantisation.
+    pub quantization: String,
+    /// Context length.
+    pub context_length: usize,
+    /// Where it was loaded from.
+    pub path: String,
+}
+
+fn active(slot: &ModelSlot) -> ActiveModel {
+    let e = slot.current();
+    let i = e.info();
+    ActiveModel {
+        id: i.id.clone(),
+        architecture: i.architecture.clone(),
+        quantization: i.quantization.clone(),
+        context_length: i.context_length,
+        path: i.path.display().to_string(),
+    }
+}
+
+/// `GET /api/models/active`.
+pub(crate) async fn active_model(
+    State(state): State<AppState>,
+) -> Result<Json<ActiveModel>, ApiError> {
+    let slot = state
+        .chat_slot()
+        .ok_or_else(|| ApiError::model_not_loaded("chat"))?;
+    Ok(Json(active(&slot)))
+}
+
+/// Whether `spec` names a model the API may switch to: a registry name, a download source
+/// (`hf:…`, `pip:…`), or a file under one of `dirs` (symbolic links and `..` resolved).
+/// The refusal is the same whether a path exists or not, so the API reveals nothing
+/// about files elsewhere on the machine.
+pub fn permitted_model(spec: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let refused = || {
+        "not a known model name, a source (`hf:…`, `pip:…`) or a file under the server's \
+         model directories (the model cache, the loaded model's directory and `[models] dirs`)"
+            .to_owned()
+    };
+    match registry::parse_spec(spec) {
+        Ok(ModelSource::Local(local)) => {
+            let file = std::fs::canonicalize(local.expanded()).map_err(|_| refused())?;
+            let inside = dirs
+                .iter()
+                .filter_map(|d| std::fs::canonicalize(d).ok())
+                .any(|d| file.starts_with(&d));
+            if inside {
+                Ok(())
+            } else {
+                Err(refused())
+            }
+        }
+        Ok(_) => Ok(()),
+        Err(_) => Err(refused()),
+    }
+}
+
+/// `PUT /api/models/active` body.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchModel {
+    /// Registry name, GGUF path or source, as `--model` takes.
+    pub model: String,
+}
+
+impl Documented for SwitchModel {
+    const SCHEMA: &'static str = "SwitchModel";
+}
+
+/// `PUT /api/models/active`: loads another chat model and makes it active for the API (and
+/// on a node, for its agent, which shares the slot); generations already running finish on
+/// the old one.
+pub(crate) async fn switch_model(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<SwitchModel>,
+) -> Result<Json<ActiveModel>, ApiError> {
+    let spec = body.model.trim().to_owned();
+    if spec.is_empty() || spec.chars().count() > 1000 {
+        return Err(ApiError::invalid_param(
+            "model",
+            "give a model name, path or source",
+        ));
+    }
+    let slot = state
+        .chat_slot()
+        .ok_or_else(|| ApiError::model_not_loaded("chat"))?;
+    let switch = state
+        .model_switch()
+        .ok_or_else(|| ApiError::unavailable("this server cannot switch models"))?;
+    let (spec_, dirs) = (spec.clone(), switch.dirs.clone());
+    tokio::task::spawn_blocking(move || permitted_model(&spec_, &dirs))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|reason| ApiError::invalid_param("model", reason))?;
+    let spec_ = spec.clone();
+    let engine = tokio::task::spawn_blocking(move || (switch.load)(&spec_))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(|reason| ApiError::invalid_param("model", reason))?;
+    slot.swap(engine);
+    let aliases = registry::find(&spec)
+        .map(|k| vec![k.name.to_owned()])
+        .unwrap_or_default();
+    state.set_chat_model(Some(slot.clone()), aliases);
+    tracing::info!(model = %spec, "active chat model switched");
+    Ok(Json(active(&slot)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn only_names_sources_and_files_under_the_model_directories_are_permitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let models = dir.path().join("models");
+        std::fs::create_dir(&models).unwrap();
+        std::fs::write(models.join("mine.gguf"), b"GGUF").unwrap();
+        let elsewhere = dir.path().join("secret.txt");
+        std::fs::write(&elsewhere, b"root:x").unwrap();
+        let dirs = [models.clone()];
+        let spec = |p: &Path| p.display().to_string();
+        assert!(permitted_model(&spec(&models.join("mine.gguf")), &dirs).is_ok());
+        assert!(permitted_model("smollm2-135m-instruct", &dirs).is_ok());
+        assert!(permitted_model("hf:owner/repo/file.gguf", &dirs).is_ok());
+        // Outside, missing, through `..` or a link: one refusal, whatever the file.
+        let outside = permitted_model(&spec(&elsewhere), &dirs).unwrap_err();
+        let missing = permitted_model(&spec(&models.join("none.gguf")), &dirs).unwrap_err();
+        let dotdot = permitted_model(&spec(&models.join("../secret.txt")), &dirs).unwrap_err();
+        assert_eq!(outside, missing);
+        assert_eq!(outside, dotdot);
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&elsewhere, models.join("link.gguf")).unwrap();
+            let link = permitted_model(&spec(&models.join("link.gguf")), &dirs).unwrap_err();
+            assert_eq!(outside, link);
+        }
+        assert!(!outside.contains("secret"), "{outside}");
+    }
 }

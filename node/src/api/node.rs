@@ -4,7 +4,6 @@
 //! change without changing the wire.
 
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::extract::{FromRef, State};
@@ -16,8 +15,6 @@ use axum::{Json, Router};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use starling_discovery::{PeerInfo, PeerState};
-use starling_models::source::registry;
-use starling_models::source::ModelSource;
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery, Documented};
@@ -61,7 +58,6 @@ pub fn router(node: Node) -> Router {
         .route("/api/groups/{id}", get(group))
         .route("/api/tasks/{id}", get(task_result).delete(cancel_task))
         .route("/api/events", get(events))
-        .route("/api/models/active", get(active_model).put(switch_model))
         .route("/api/human", get(human_pending))
         .route("/api/human/{id}", post(human_answer))
         .route("/.well-known/agent-card.json", get(super::a2a::card))
@@ -576,168 +572,4 @@ async fn metrics(State(s): State<NodeApi>) -> super::models::Exposition {
         api.server_errors as f64,
     );
     out
-}
-
-/// The active chat model.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ActiveModel {
-    /// Model id (file name).
-    pub id: String,
-    /// Architecture.
-    pub architecture: String,
-    /// Quantisation.
-    pub quantization: String,
-    /// Context length.
-    pub context_length: usize,
-    /// Where it was loaded from.
-    pub path: String,
-}
-
-fn active(slot: &starling_models::engine::ModelSlot) -> ActiveModel {
-    let e = slot.current();
-    let i = e.info();
-    ActiveModel {
-        id: i.id.clone(),
-        architecture: i.architecture.clone(),
-        quantization: i.quantization.clone(),
-        context_length: i.context_length,
-        path: i.path.display().to_string(),
-    }
-}
-
-async fn active_model(State(s): State<NodeApi>) -> Result<Json<ActiveModel>, ApiError> {
-    let slot = s
-        .node
-        .app
-        .chat_slot()
-        .ok_or_else(|| ApiError::model_not_loaded("chat"))?;
-    Ok(Json(active(&slot)))
-}
-
-/// The directories whose files a remote model switch may load: the model cache, the
-/// directory of the configured chat model when it is a file, and `[models] dirs`.
-fn model_dirs(home: &Path, config: &crate::config::NodeConfig) -> Vec<PathBuf> {
-    let mut dirs = vec![starling_models::source::ModelCache::new(home)
-        .models_dir()
-        .to_path_buf()];
-    if let Ok(ModelSource::Local(l)) = registry::parse_spec(&config.models.chat) {
-        if let Some(parent) = l.expanded().parent() {
-            dirs.push(parent.to_path_buf());
-        }
-    }
-    dirs.extend(config.models.dirs.iter().cloned());
-    dirs
-}
-
-/// Whether `spec` names a model the API may switch to: a registry name, a download source
-/// (`hf:…`, `pip:…`), or a file under one of `dirs` (symbolic links and `..` resolved).
-/// The refusal is the same whether a path exists or not, so the API reveals nothing
-/// about files elsewhere on the machine.
-pub fn permitted_model(spec: &str, dirs: &[PathBuf]) -> Result<(), String> {
-    let refused = || {
-        "not a known model name, a source (`hf:…`, `pip:…`) or a file under the node's \
-         model directories (the model cache and `[models] dirs`)"
-            .to_owned()
-    };
-    match registry::parse_spec(spec) {
-        Ok(ModelSource::Local(local)) => {
-            let file = std::fs::canonicalize(local.expanded()).map_err(|_| refused())?;
-            let inside = dirs
-                .iter()
-                .filter_map(|d| std::fs::canonicalize(d).ok())
-                .any(|d| file.starts_with(&d));
-            if inside {
-                Ok(())
-            } else {
-                Err(refused())
-            }
-        }
-        Ok(_) => Ok(()),
-        Err(_) => Err(refused()),
-    }
-}
-
-/// `PUT /api/models/active` body.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SwitchModel {
-    /// Registry name, GGUF path or source, as `--model` takes.
-    pub model: String,
-}
-
-impl Documented for SwitchModel {
-    const SCHEMA: &'static str = "SwitchModel";
-}
-
-/// Loads another chat model and makes it active for the API and the agent at once;
-/// generations already running finish on the old one.
-async fn switch_model(
-    State(s): State<NodeApi>,
-    ApiJson(body): ApiJson<SwitchModel>,
-) -> Result<Json<ActiveModel>, ApiError> {
-    let spec = body.model.trim().to_owned();
-    if spec.is_empty() || spec.chars().count() > 1000 {
-        return Err(ApiError::invalid_param(
-            "model",
-            "give a model name, path or source",
-        ));
-    }
-    let slot = s
-        .node
-        .app
-        .chat_slot()
-        .ok_or_else(|| ApiError::model_not_loaded("chat"))?;
-    let dirs = model_dirs(&s.node.home, &s.node.config);
-    let spec_ = spec.clone();
-    tokio::task::spawn_blocking(move || permitted_model(&spec_, &dirs))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|reason| ApiError::invalid_param("model", reason))?;
-    let mut args = crate::daemon::model_args(&s.node.config);
-    args.model = spec.clone();
-    let home = s.node.home.clone();
-    let engine = tokio::task::spawn_blocking(move || crate::commands::load_engine(&home, &args))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::invalid_param("model", format!("{e:#}")))?;
-    slot.swap(engine);
-    let aliases = starling_models::source::registry::find(&spec)
-        .map(|k| vec![k.name.to_owned()])
-        .unwrap_or_default();
-    s.node.app.set_chat_model(Some(slot.clone()), aliases);
-    tracing::info!(model = %spec, "active chat model switched");
-    Ok(Json(active(&slot)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_names_sources_and_files_under_the_model_directories_are_permitted() {
-        let dir = tempfile::tempdir().unwrap();
-        let models = dir.path().join("models");
-        std::fs::create_dir(&models).unwrap();
-        std::fs::write(models.join("mine.gguf"), b"GGUF").unwrap();
-        let elsewhere = dir.path().join("secret.txt");
-        std::fs::write(&elsewhere, b"root:x").unwrap();
-        let dirs = [models.clone()];
-        let spec = |p: &Path| p.display().to_string();
-        assert!(permitted_model(&spec(&models.join("mine.gguf")), &dirs).is_ok());
-        assert!(permitted_model("smollm2-135m-instruct", &dirs).is_ok());
-        assert!(permitted_model("hf:owner/repo/file.gguf", &dirs).is_ok());
-        // Outside, missing, through `..` or a link: one refusal, whatever the file.
-        let outside = permitted_model(&spec(&elsewhere), &dirs).unwrap_err();
-        let missing = permitted_model(&spec(&models.join("none.gguf")), &dirs).unwrap_err();
-        let dotdot = permitted_model(&spec(&models.join("../secret.txt")), &dirs).unwrap_err();
-        assert_eq!(outside, missing);
-        assert_eq!(outside, dotdot);
-        #[cfg(unix)]
-        {
-            std::os::unix::fs::symlink(&elsewhere, models.join("link.gguf")).unwrap();
-            let link = permitted_model(&spec(&models.join("link.gguf")), &dirs).unwrap_err();
-            assert_eq!(outside, link);
-        }
-        assert!(!outside.contains("secret"), "{outside}");
-    }
 }

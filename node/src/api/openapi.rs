@@ -91,8 +91,13 @@ mod tests {
     fn routes_in(source: &str) -> Ops {
         let mut out = Ops::new();
         let mut rest = source;
-        while let Some(at) = rest.find(".route(\"") {
-            let call = &rest[at + ".route(".len()..];
+        while let Some(at) = rest.find(".route(") {
+            // The path may follow on the next line (rustfmt breaks long calls).
+            let call = rest[at + ".route(".len()..].trim_start();
+            if !call.starts_with('"') {
+                rest = &rest[at + 1..];
+                continue;
+            }
             // The call's text up to its closing parenthesis.
             let mut depth = 1usize;
             let mut end = call.len();
@@ -166,14 +171,20 @@ mod tests {
         let src = r#"Router::new()
             .route("/a/{*id}", get(models::get))
             .route("/b", get(list).post(add).delete(forget))
-            .route("/c", post(budget_of))"#;
+            .route("/c", post(budget_of))
+            .route(
+                "/d",
+                get(models::active).put(models::switch),
+            )"#;
         let got: Vec<(String, String)> = routes_in(src).into_iter().collect();
         let want: Vec<(String, String)> = [
             ("delete", "/b"),
             ("get", "/a/{id}"),
             ("get", "/b"),
+            ("get", "/d"),
             ("post", "/b"),
             ("post", "/c"),
+            ("put", "/d"),
         ]
         .iter()
         .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
@@ -329,6 +340,7 @@ mod tests {
             let req = match method.as_str() {
                 "get" => client.get(&url),
                 "post" => client.post(&url).json(&serde_json::json!({})),
+                "put" => client.put(&url).json(&serde_json::json!({})),
                 other => panic!("unexpected method {other}"),
             };
             let resp = req.send().await.expect("send");

@@ -80,6 +80,20 @@ pub struct MemoryExamples {
     pub min_cosine: f32,
 }
 
+/// Loads a chat model by the spec a user gave (registry name, source or path), or says
+/// why not. Supplied by the binary, which knows the model options and the model cache.
+pub type LoadModel = Arc<dyn Fn(&str) -> Result<Engine, String> + Send + Sync>;
+
+/// How `PUT /api/models/active` may switch the chat model.
+#[derive(Clone)]
+pub struct ModelSwitch {
+    /// The only directories whose files may be loaded (besides registry names and
+    /// download sources), so the API reveals nothing about other files.
+    pub dirs: Vec<std::path::PathBuf>,
+    /// Loads a model.
+    pub load: LoadModel,
+}
+
 /// The model cache `/api/pull` fetches into, and the lock that makes pulls take turns.
 #[derive(Clone)]
 pub(crate) struct ModelPulls {
@@ -105,6 +119,8 @@ struct Shared {
     created: u64,
     /// Where `/api/pull` fetches registry models to, and one pull at a time.
     pulls: std::sync::OnceLock<ModelPulls>,
+    /// How `PUT /api/models/active` loads another chat model, if it may.
+    switch: std::sync::OnceLock<ModelSwitch>,
 }
 
 impl AppState {
@@ -125,6 +141,7 @@ impl AppState {
                 shutdown: CancellationToken::new(),
                 created,
                 pulls: std::sync::OnceLock::new(),
+                switch: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -156,6 +173,19 @@ impl AppState {
     /// Where `/api/pull` fetches to, if anywhere.
     pub(crate) fn model_pulls(&self) -> Option<ModelPulls> {
         self.inner.pulls.get().cloned()
+    }
+
+    /// Lets `PUT /api/models/active` switch the chat model (without it, switching is
+    /// refused with 503).
+    pub fn with_model_switch(self, switch: ModelSwitch) -> Self {
+        // Set once, while the state is built; a second call keeps the first.
+        let _ = self.inner.switch.set(switch);
+        self
+    }
+
+    /// How to switch the chat model, if this server may.
+    pub(crate) fn model_switch(&self) -> Option<ModelSwitch> {
+        self.inner.switch.get().cloned()
     }
 
     /// Serves `handle` as the embedding model.

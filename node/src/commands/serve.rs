@@ -2,13 +2,13 @@
 //! a swarm (like `ollama serve`).
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 use starling_models::embed::{BertEmbedder, EmbedBackend, EmbedHandle};
 use starling_models::engine::ModelSlot;
-use starling_models::source::{registry, ModelCache, Progress};
+use starling_models::source::{registry, ModelCache, ModelSource, Progress};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiConfig, AppState};
@@ -48,7 +48,11 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
     // Before the models load: a refusal should not wait for them.
     api::check_exposure(args.api, &config)?;
     let embedding = (!args.no_embeddings).then_some(args.embedding_model.as_str());
-    let state = build_state(home, &args.model, embedding, config)?;
+    let state = build_state(home, &args.model, embedding, config)?.with_model_switch(model_switch(
+        home,
+        &args.model,
+        &[],
+    ));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -97,6 +101,29 @@ pub fn build_state(
         state.set_embedder(Some(handle));
     }
     Ok(state)
+}
+
+/// How `PUT /api/models/active` loads another chat model: with the same options as
+/// `model` (context, threads, requantisation), from a registry name, a source, or a file
+/// in the model cache, beside the loaded model, or under `dirs`. `starling up` switches
+/// the same way.
+pub fn model_switch(home: &Path, model: &ModelArgs, dirs: &[PathBuf]) -> api::ModelSwitch {
+    let mut allowed = vec![ModelCache::new(home).models_dir().to_path_buf()];
+    if let Ok(ModelSource::Local(l)) = registry::parse_spec(&model.model) {
+        if let Some(parent) = l.expanded().parent() {
+            allowed.push(parent.to_path_buf());
+        }
+    }
+    allowed.extend(dirs.iter().cloned());
+    let (home, model) = (home.to_path_buf(), model.clone());
+    api::ModelSwitch {
+        dirs: allowed,
+        load: std::sync::Arc::new(move |spec: &str| {
+            let mut args = model.clone();
+            args.model = spec.to_owned();
+            super::load_engine(&home, &args).map_err(|e| format!("{e:#}"))
+        }),
+    }
 }
 
 /// Resolves `spec` (registry name, directory or source) and starts the embedder on its own
