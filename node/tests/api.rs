@@ -19,6 +19,19 @@ fn tiny_state(dir: &std::path::Path, config: ApiConfig) -> AppState {
     AppState::new(config).with_chat_model_named(ModelSlot::new(engine), vec!["tiny-alias".into()])
 }
 
+/// A tiny model whose context window is `context` tokens, written into `dir`.
+fn tiny_engine(dir: &std::path::Path, context: u32) -> Engine {
+    let path = write_tiny_llama(dir, "tiny", context);
+    Engine::load(&path, &EngineConfig::default()).expect("load tiny model")
+}
+
+/// A server with default settings serving `engine` as the chat model.
+async fn serve_engine(engine: Engine) -> Server {
+    let state =
+        AppState::new(ApiConfig::default()).with_chat_model_named(ModelSlot::new(engine), vec![]);
+    Server::start(state).await
+}
+
 async fn tiny_server(config: ApiConfig) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = tiny_state(dir.path(), config);
@@ -707,11 +720,7 @@ fn check_call(call: &Value, only: Option<&str>) {
 async fn tool_calls_parse_and_validate_whole_and_streamed() {
     let dir = tempfile::tempdir().expect("tempdir");
     // The tool list takes room in the prompt: a longer context than the other tests.
-    let path = write_tiny_llama(dir.path(), "tiny", 4096);
-    let engine = Engine::load(&path, &EngineConfig::default()).expect("load tiny model");
-    let state =
-        AppState::new(ApiConfig::default()).with_chat_model_named(ModelSlot::new(engine), vec![]);
-    let server = Server::start(state).await;
+    let server = serve_engine(tiny_engine(dir.path(), 4096)).await;
     let mut req = greedy(200);
     req["temperature"] = json!(1.0);
     req["tools"] = weather_tools();
@@ -920,12 +929,9 @@ fn token_logprobs(body: &Value, choice: usize) -> Vec<Value> {
 #[tokio::test]
 async fn token_id_prompts_are_the_models_input_as_given_and_max_tokens_zero_only_scores() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_tiny_llama(dir.path(), "tiny", 256);
-    let engine = Engine::load(&path, &EngineConfig::default()).expect("load tiny model");
-    let state = AppState::new(ApiConfig::default())
-        .with_chat_model_named(ModelSlot::new(engine.clone()), vec![]);
+    let engine = tiny_engine(dir.path(), 256);
+    let server = serve_engine(engine.clone()).await;
     let tokenizer = engine.tokenizer();
-    let server = Server::start(state).await;
     let text = "hello there, small friend";
     // What the model reads for this text: BOS (when the model adds one), then its tokens.
     let bos: Vec<u32> = tokenizer
@@ -1048,11 +1054,7 @@ async fn token_id_prompts_are_the_models_input_as_given_and_max_tokens_zero_only
 #[tokio::test]
 async fn responses_answer_as_chat_does_whole_streamed_and_with_valid_function_calls() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = write_tiny_llama(dir.path(), "tiny", 4096);
-    let engine = Engine::load(&path, &EngineConfig::default()).expect("load tiny model");
-    let state =
-        AppState::new(ApiConfig::default()).with_chat_model_named(ModelSlot::new(engine), vec![]);
-    let server = Server::start(state).await;
+    let server = serve_engine(tiny_engine(dir.path(), 4096)).await;
 
     // The same answer as a chat completion of the same conversation.
     let req = json!({"model": "tiny", "instructions": "You are tiny.", "input": "hello there",

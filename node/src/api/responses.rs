@@ -308,16 +308,18 @@ fn content_text(content: Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
+/// The fields `keys` of the object `v` that are set (not null).
+fn pick(v: &Value, keys: &[&str]) -> Map<String, Value> {
+    keys.iter()
+        .filter_map(|&k| Some((k.to_owned(), v.get(k).filter(|v| !v.is_null())?.clone())))
+        .collect()
+}
+
 /// A Responses function tool as a chat completion tool.
 fn chat_tool(tool: &Value, i: usize) -> Result<Value, ApiError> {
     match tool.get("type").and_then(Value::as_str) {
         Some("function") => {
-            let mut function = Map::new();
-            for k in ["name", "description", "parameters", "strict"] {
-                if let Some(v) = tool.get(k).filter(|v| !v.is_null()) {
-                    function.insert(k.to_owned(), v.clone());
-                }
-            }
+            let function = pick(tool, &["name", "description", "parameters", "strict"]);
             Ok(json!({"type": "function", "function": function}))
         }
         other => Err(ApiError::invalid_param(
@@ -350,12 +352,7 @@ fn chat_format(format: &Value) -> Result<Value, ApiError> {
         Some("text") => Ok(json!({"type": "text"})),
         Some("json_object") => Ok(json!({"type": "json_object"})),
         Some("json_schema") => {
-            let mut schema = Map::new();
-            for k in ["name", "description", "schema", "strict"] {
-                if let Some(v) = format.get(k).filter(|v| !v.is_null()) {
-                    schema.insert(k.to_owned(), v.clone());
-                }
-            }
+            let schema = pick(format, &["name", "description", "schema", "strict"]);
             Ok(json!({"type": "json_schema", "json_schema": schema}))
         }
         _ => Err(ApiError::invalid_param(
