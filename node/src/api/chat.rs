@@ -687,15 +687,44 @@ pub(crate) fn choice_plans(plan: &ChatPlan) -> Vec<ChatPlan> {
 /// The usage of several answers to one prompt: the prompt counted once, the completions
 /// summed.
 pub(crate) fn usage_of_all(answers: &[Completion]) -> Value {
-    let prompt = answers.first().map_or(0, |d| d.prompt_tokens);
-    let cached = answers.first().map_or(0, |d| d.cached_prompt_tokens);
-    let completion: usize = answers.iter().map(|d| d.completion_tokens).sum();
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
+    TokenCounts::of_answers(answers).json()
+}
+
+/// The token counts of OpenAI's `usage`.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct TokenCounts {
+    pub prompt: usize,
+    pub completion: usize,
+    pub cached: usize,
+}
+
+impl TokenCounts {
+    /// Several answers to one prompt: the prompt counted once, the completions summed.
+    pub fn of_answers(answers: &[Completion]) -> Self {
+        Self {
+            prompt: answers.first().map_or(0, |d| d.prompt_tokens),
+            cached: answers.first().map_or(0, |d| d.cached_prompt_tokens),
+            completion: answers.iter().map(|d| d.completion_tokens).sum(),
+        }
+    }
+
+    /// These and `other` together (answers to different prompts).
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            prompt: self.prompt + other.prompt,
+            completion: self.completion + other.completion,
+            cached: self.cached + other.cached,
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        })
+    }
 }
 
 /// `response` with the ids of the shared memories shown as worked examples, if any.

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use starling_models::engine::{Engine, Prompt, TokenLogprob};
 
-use super::chat::{self, ChatCompletionRequest, Collected, Started};
+use super::chat::{self, ChatCompletionRequest, Collected, Started, TokenCounts};
 use super::error::ApiError;
 use super::extract::{ApiJson, Documented};
 use super::state::AppState;
@@ -312,22 +312,16 @@ async fn prompt_length(engine: &Engine, prompt: &PromptIn) -> Result<usize, ApiE
         .map_err(ApiError::from)
 }
 
-/// Token counts of a whole request, over all its prompts.
-#[derive(Default)]
-struct Usage {
-    prompt: usize,
-    completion: usize,
-    cached: usize,
-}
-
-impl Usage {
-    fn json(&self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt,
-            "completion_tokens": self.completion,
-            "total_tokens": self.prompt + self.completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached},
-        })
+/// The prompt's own scores when it is echoed with `logprobs` (the same for every answer).
+async fn echoed_scores(
+    state: &AppState,
+    engine: &Engine,
+    prompt: &PromptIn,
+    echo: Echo,
+) -> Result<Option<Value>, ApiError> {
+    match echo {
+        Echo::Scored(top) => Ok(Some(prompt_logprobs(state, engine, prompt, top).await?)),
+        Echo::No | Echo::Text => Ok(None),
     }
 }
 
@@ -373,14 +367,10 @@ pub(crate) async fn completions(
     let nothing_scored = || scored.then(|| legacy_logprobs(&[], 0));
     if !plan.stream {
         let mut choices = Vec::with_capacity(plan.n * prompts.len());
-        let mut usage = Usage::default();
+        let mut usage = TokenCounts::default();
         let mut model = engine.info().id.clone();
         for (p, prompt) in prompts.iter().enumerate() {
-            // The prompt's own scores, when echoed with logprobs (the same for every answer).
-            let echoed = match echo {
-                Echo::Scored(top) => Some(prompt_logprobs(&state, &engine, prompt, top).await?),
-                Echo::No | Echo::Text => None,
-            };
+            let echoed = echoed_scores(&state, &engine, prompt, echo).await?;
             let head = match echo {
                 Echo::No => String::new(),
                 Echo::Text | Echo::Scored(_) => prompt.text(&engine),
@@ -426,10 +416,7 @@ pub(crate) async fn completions(
                 choices.push(c);
                 answers.push(done);
             }
-            // Each prompt counted once, its completions summed.
-            usage.prompt += answers.first().map_or(0, |d| d.prompt_tokens);
-            usage.cached += answers.first().map_or(0, |d| d.cached_prompt_tokens);
-            usage.completion += answers.iter().map(|d| d.completion_tokens).sum::<usize>();
+            usage = usage.plus(TokenCounts::of_answers(&answers));
         }
         return Ok(Json(
             json!({"id": id, "object": "text_completion", "created": created,
@@ -440,10 +427,7 @@ pub(crate) async fn completions(
     }
     // Streamed: one prompt (several are refused when the request is read).
     let prompt = &prompts[0];
-    let echoed = match echo {
-        Echo::Scored(top) => Some(prompt_logprobs(&state, &engine, prompt, top).await?),
-        Echo::No | Echo::Text => None,
-    };
+    let echoed = echoed_scores(&state, &engine, prompt, echo).await?;
     let include_usage = plan.include_usage;
     let model_id = engine.info().id.clone();
     let head = move |model: &str, choices: Value| {
@@ -471,9 +455,9 @@ pub(crate) async fn completions(
         events.push(head(&model_id, json!([choice("", Some("length"), lp)])));
         if include_usage {
             let mut u = head(&model_id, json!([]));
-            u["usage"] = Usage {
+            u["usage"] = TokenCounts {
                 prompt: prompt_length(&engine, prompt).await?,
-                ..Usage::default()
+                ..TokenCounts::default()
             }
             .json();
             events.push(u);
