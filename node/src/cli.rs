@@ -193,6 +193,20 @@ pub struct ModelArgs {
     pub embed_backend: EmbedBackend,
 }
 
+impl ModelArgs {
+    /// The loading options these arguments give.
+    pub fn options(&self) -> crate::loading::ModelOptions {
+        crate::loading::ModelOptions {
+            model: self.model.clone(),
+            requantize: self.requantize.clone(),
+            ctx: self.ctx,
+            threads: self.threads,
+            device: self.device,
+            embed_backend: self.embed_backend,
+        }
+    }
+}
+
 fn parse_device(s: &str) -> Result<DeviceKind, String> {
     match s.to_ascii_lowercase().as_str() {
         "cpu" => Ok(DeviceKind::Cpu),

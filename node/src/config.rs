@@ -11,6 +11,52 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use starling_discovery::{BootstrapPeer, MembershipPreset, NodeId, DEFAULT_PORT};
 
+/// Where the HTTP API listens unless told otherwise: loopback only.
+pub const DEFAULT_API_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7431);
+
+/// Shortest API key accepted.
+pub const MIN_API_KEY_LEN: usize = 16;
+
+/// Why the HTTP API may not listen where it was asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum ExposureError {
+    /// Beyond loopback without an API key.
+    #[error(
+        "refusing to serve the API on {addr} without an API key: anyone who can reach it could \
+         read the swarm secret, sign memories and switch models; set one with --api-key, \
+         STARLING_API_KEY or `[api] keys`, or listen on loopback"
+    )]
+    NoKey {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// An API key too short to resist guessing.
+    #[error("an API key has {len} characters; use at least {min} (e.g. `openssl rand -hex 24`)")]
+    WeakKey {
+        /// Its length.
+        len: usize,
+        /// The least accepted.
+        min: usize,
+    },
+}
+
+/// Whether the HTTP API may listen on `addr` with `keys`: beyond loopback it needs at
+/// least one API key (anyone who reaches it could otherwise read the swarm secret, sign
+/// memories and switch models), and every key must be long enough to resist guessing.
+/// The node's config and `starling serve` are held to the same rule.
+pub fn check_exposure(addr: SocketAddr, keys: &[String]) -> Result<(), ExposureError> {
+    if let Some(k) = keys.iter().find(|k| k.len() < MIN_API_KEY_LEN) {
+        return Err(ExposureError::WeakKey {
+            len: k.len(),
+            min: MIN_API_KEY_LEN,
+        });
+    }
+    if !addr.ip().is_loopback() && keys.is_empty() {
+        return Err(ExposureError::NoKey { addr });
+    }
+    Ok(())
+}
+
 /// Why a config could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -142,7 +188,7 @@ pub struct ApiSection {
 impl Default for ApiSection {
     fn default() -> Self {
         Self {
-            listen: crate::api::DEFAULT_ADDR,
+            listen: DEFAULT_API_ADDR,
             max_inflight: 32,
             keys: Vec::new(),
         }
@@ -520,11 +566,7 @@ impl NodeConfig {
         if self.api.max_inflight == 0 {
             return invalid("api.max_inflight", "must be at least 1");
         }
-        let exposure = crate::api::ApiConfig {
-            api_keys: self.api.keys.clone(),
-            ..Default::default()
-        };
-        if let Err(e) = crate::api::check_exposure(self.api.listen, &exposure) {
+        if let Err(e) = check_exposure(self.api.listen, &self.api.keys) {
             return invalid("api.keys", &e.to_string());
         }
         if self.models.context < 16 {
@@ -738,7 +780,7 @@ mod tests {
         let c = NodeConfig::parse("").unwrap();
         assert_eq!(c, NodeConfig::default());
         assert!(c.network.mdns);
-        assert_eq!(c.api.listen, crate::api::DEFAULT_ADDR);
+        assert_eq!(c.api.listen, DEFAULT_API_ADDR);
     }
 
     #[test]

@@ -19,12 +19,12 @@ use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
 
 use crate::agent::executor::{Executor, ExecutorConfig};
-use crate::agent::llm::Llm;
 use crate::agent::runtime::{Agent, AgentOptions};
 use crate::agent::tools::ToolBox;
 use crate::api::{self, ApiConfig, AppState};
-use crate::cli::ModelArgs;
 use crate::config::NodeConfig;
+use crate::llm::Llm;
+use crate::loading::{self, ModelOptions};
 use crate::store::Store;
 
 /// File in the data dir holding the swarm secret (base32, owner-readable only).
@@ -202,16 +202,11 @@ impl Node {
             }
             None => {
                 let home = opts.home.clone();
-                let model = model_args(&config);
+                let model = ModelOptions::from_config(&config);
                 let embedding =
                     Some(config.models.embedding.clone()).filter(|s| !s.trim().is_empty());
                 tokio::task::spawn_blocking(move || {
-                    crate::commands::serve::build_state(
-                        &home,
-                        &model,
-                        embedding.as_deref(),
-                        api_config,
-                    )
+                    loading::build_state(&home, &model, embedding.as_deref(), api_config)
                 })
                 .await
                 .context("model loading panicked")??
@@ -219,9 +214,9 @@ impl Node {
         };
         // Remote model switches load with the node's model options, from the model cache,
         // the configured model's directory and `[models] dirs` only.
-        let app = app.with_model_switch(crate::commands::serve::model_switch(
+        let app = app.with_model_switch(loading::model_switch(
             &opts.home,
-            &model_args(&config),
+            &ModelOptions::from_config(&config),
             &config.models.dirs,
         ));
         let node_store =
@@ -354,8 +349,14 @@ impl Node {
         }));
         let routes = api::router_with(
             app.clone(),
-            crate::api::node::router(node.clone())
-                .merge(crate::memory::http::routes(memory, admission)),
+            crate::api::node::router(crate::api::node::NodeHandles {
+                swarm: node.swarm.clone(),
+                app: node.app.clone(),
+                agent: node.agent.clone(),
+                api_addr: node.api_addr,
+                started: node.started,
+            })
+            .merge(crate::api::memories::routes(memory, admission)),
         );
         let api_cancel = cancel.clone();
         tokio::spawn(async move {
@@ -370,19 +371,6 @@ impl Node {
     pub async fn shutdown(&self) {
         self.cancel.cancel();
         self.swarm.shutdown().await;
-    }
-}
-
-/// The model arguments a config describes (shared with `serve`'s loader).
-pub fn model_args(config: &NodeConfig) -> ModelArgs {
-    ModelArgs {
-        model: config.models.chat.clone(),
-        requantize: config.models.requantize.clone(),
-        ctx: config.models.context,
-        threads: config.models.threads,
-        device: starling_models::engine::DeviceKind::Cpu,
-        // Checked by `NodeConfig::validate`.
-        embed_backend: config.models.embedding_backend.parse().unwrap_or_default(),
     }
 }
 

@@ -10,6 +10,8 @@ pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod eval;
+pub mod llm;
+pub mod loading;
 pub mod logging;
 pub mod memory;
 pub mod search;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use starling_models::embed::{BertEmbedder, EmbedHandle};
 use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_node::agent::executor::{Executor, ExecutorConfig, TaskSpec};
-use starling_node::agent::llm::Llm;
 use starling_node::agent::tools::ToolBox;
+use starling_node::llm::Llm;
 use starling_node::memory::{BookConfig, Memory, MemoryBook, DEFAULT_DOMAIN};
 use starling_node::store::Store;
 

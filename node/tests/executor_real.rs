@@ -10,8 +10,8 @@ use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use starling_models::testing;
 use starling_node::agent::executor::{Executor, TaskOutcome, TaskSpec};
 use starling_node::agent::grounded::decompose;
-use starling_node::agent::llm::Llm;
 use starling_node::agent::tools::{SearchDocs, ToolBox};
+use starling_node::llm::Llm;
 
 fn real_llm() -> Llm {
     let engine =

@@ -36,8 +36,8 @@ use serde_json::{json, Map, Value};
 use starling_models::chat::ChatMessage;
 use tracing::{debug, info, warn};
 
-use super::llm::{Llm, LlmError};
 use super::tools::{find_expression, format_passages, ToolBox, ToolError};
+use crate::llm::{Llm, LlmError};
 
 /// Why a task could not be run at all. Tool failures are not errors: they are recorded in
 /// the trace.

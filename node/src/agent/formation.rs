@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 use starling_models::chat::ChatMessage;
 
 use super::card::CardHit;
-use super::llm::{Llm, LlmError};
+use crate::llm::{Llm, LlmError};
 
 /// Limits of the loop.
 #[derive(Debug, Clone)]

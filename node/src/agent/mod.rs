@@ -7,7 +7,6 @@ pub mod docs;
 pub mod executor;
 pub mod formation;
 pub mod grounded;
-pub mod llm;
 pub mod mcp;
 pub mod peers;
 pub mod runtime;

@@ -26,6 +26,7 @@ mod completions;
 mod embeddings;
 mod error;
 mod extract;
+pub mod memories;
 mod models;
 pub mod node;
 mod ollama;
@@ -35,7 +36,7 @@ mod state;
 pub mod tasks;
 mod tools;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method};
@@ -57,8 +58,7 @@ pub use state::{ApiConfig, AppState, LoadModel, MemoryExamples, MetricsSnapshot,
 
 use state::Metrics;
 
-/// Where the API listens unless told otherwise: loopback only.
-pub const DEFAULT_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7431);
+pub use crate::config::{ExposureError, DEFAULT_API_ADDR as DEFAULT_ADDR, MIN_API_KEY_LEN};
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -74,24 +74,9 @@ pub enum ServeError {
     /// Accepting or serving connections failed.
     #[error("HTTP server failed: {0}")]
     Io(#[from] std::io::Error),
-    /// Beyond loopback without an API key.
-    #[error(
-        "refusing to serve the API on {addr} without an API key: anyone who can reach it could \
-         read the swarm secret, sign memories and switch models; set one with --api-key, \
-         STARLING_API_KEY or `[api] keys`, or listen on loopback"
-    )]
-    NoKey {
-        /// The address.
-        addr: SocketAddr,
-    },
-    /// An API key too short to resist guessing.
-    #[error("an API key has {len} characters; use at least {min} (e.g. `openssl rand -hex 24`)")]
-    WeakKey {
-        /// Its length.
-        len: usize,
-        /// The least accepted.
-        min: usize,
-    },
+    /// Beyond loopback without an API key, or with a weak one.
+    #[error(transparent)]
+    Exposure(#[from] ExposureError),
 }
 
 /// The API's routes and middleware over `state` (`starling serve`), with the OpenAI and
@@ -318,23 +303,10 @@ fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
-/// Shortest API key accepted.
-pub const MIN_API_KEY_LEN: usize = 16;
-
-/// Whether the API may listen on `addr` with `config`: beyond loopback it needs at least
-/// one API key (anyone who reaches it could otherwise read the swarm secret, sign memories
-/// and switch models), and every key must be long enough to guess.
+/// Whether the API may listen on `addr` with `config` ([`crate::config::check_exposure`]
+/// over its keys).
 pub fn check_exposure(addr: SocketAddr, config: &ApiConfig) -> Result<(), ServeError> {
-    if let Some(k) = config.api_keys.iter().find(|k| k.len() < MIN_API_KEY_LEN) {
-        return Err(ServeError::WeakKey {
-            len: k.len(),
-            min: MIN_API_KEY_LEN,
-        });
-    }
-    if !addr.ip().is_loopback() && config.api_keys.is_empty() {
-        return Err(ServeError::NoKey { addr });
-    }
-    Ok(())
+    Ok(crate::config::check_exposure(addr, &config.api_keys)?)
 }
 
 /// Whether `authority` (`host[:port]`) names loopback: `localhost`, `*.localhost`, an
@@ -398,7 +370,7 @@ mod tests {
         let off: SocketAddr = "0.0.0.0:7431".parse().expect("addr");
         assert!(matches!(
             check_exposure(off, &ApiConfig::default()),
-            Err(ServeError::NoKey { .. })
+            Err(ServeError::Exposure(ExposureError::NoKey { .. }))
         ));
         assert!(check_exposure(off, &keyed()).is_ok());
         assert!(check_exposure(DEFAULT_ADDR, &ApiConfig::default()).is_ok());
@@ -408,7 +380,7 @@ mod tests {
         };
         assert!(matches!(
             check_exposure(DEFAULT_ADDR, &weak),
-            Err(ServeError::WeakKey { len: 5, .. })
+            Err(ServeError::Exposure(ExposureError::WeakKey { len: 5, .. }))
         ));
     }
 
@@ -422,7 +394,10 @@ mod tests {
             ..ApiConfig::default()
         });
         let r = serve_on(listener, state, CancellationToken::new()).await;
-        assert!(matches!(r, Err(ServeError::NoKey { .. })), "{r:?}");
+        assert!(
+            matches!(r, Err(ServeError::Exposure(ExposureError::NoKey { .. }))),
+            "{r:?}"
+        );
     }
 
     /// Serves `config` on a loopback port; returns the address and the server's stop.

@@ -22,15 +22,31 @@ use super::state::AppState;
 use super::tasks::{Cancel, TaskRunner, TaskState, TaskView};
 use crate::agent::card::{CardHit, KnownCard};
 use crate::agent::chat::{Message, Task};
+use crate::agent::runtime::Agent;
 use crate::agent::runtime::{new_group_id, GroupBody};
-use crate::daemon::Node;
 use crate::store::GroupRecord;
+
+/// What the node routes reach of a running node (the daemon hands them over; the API
+/// does not know the daemon).
+#[derive(Clone)]
+pub struct NodeHandles {
+    /// The swarm handle.
+    pub swarm: starling_discovery::Swarm,
+    /// The served models and API counters.
+    pub app: AppState,
+    /// The agent runtime.
+    pub agent: Agent,
+    /// The HTTP API's bound address.
+    pub api_addr: std::net::SocketAddr,
+    /// When the node started.
+    pub started: std::time::Instant,
+}
 
 /// State of the node routes: the node, plus the API state the shared extractors need.
 #[derive(Clone)]
 pub struct NodeApi {
     /// The running node.
-    pub node: Node,
+    pub node: NodeHandles,
     /// The tasks submitted through the API (owned: dropped with the router, they stop).
     pub tasks: Arc<TaskRunner>,
     /// What A2A remembers of the tasks it started.
@@ -44,7 +60,7 @@ impl FromRef<NodeApi> for AppState {
 }
 
 /// The node routes, ready to merge with [`super::router_with`].
-pub fn router(node: Node) -> Router {
+pub fn router(node: NodeHandles) -> Router {
     Router::new()
         .route("/", get(dashboard))
         .route("/openapi.json", get(super::openapi::full))

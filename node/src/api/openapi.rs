@@ -162,7 +162,7 @@ mod tests {
         // A node merges its own routes into `router_with`, not `router`: `router`'s
         // `/openapi.json` (the OpenAI part) is `starling serve`'s alone.
         all.extend(routes_in(include_str!("node.rs")));
-        all.extend(routes_in(include_str!("../memory/http.rs")));
+        all.extend(routes_in(include_str!("memories.rs")));
         all
     }
 

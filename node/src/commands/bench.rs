@@ -38,8 +38,8 @@ pub struct BenchArgs {
 
 /// Runs the benchmark and prints a llama-bench style table (or JSON).
 pub fn run(home: &Path, args: BenchArgs) -> anyhow::Result<()> {
-    super::apply_threads(args.model.threads);
-    let path = super::resolve_chat_model(home, &args.model)?;
+    crate::loading::apply_threads(args.model.threads);
+    let path = crate::loading::resolve_chat_model(home, &args.model.options())?;
     let config = BenchConfig {
         prompt_tokens: args.prompt,
         gen_tokens: args.gen,

@@ -14,7 +14,8 @@ use starling_discovery::SwarmSecret;
 use starling_models::source::registry;
 
 use crate::config::NodeConfig;
-use crate::daemon::{model_args, Node, SharedModels, StartOptions};
+use crate::daemon::{Node, SharedModels, StartOptions};
+use crate::loading::ModelOptions;
 
 use super::task::{Follower, Step};
 
@@ -146,14 +147,14 @@ pub fn run(home: &Path, args: DemoArgs) -> anyhow::Result<()> {
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("no personas"))?;
     eprintln!("loading models (shared by the three nodes)...");
-    let engine = super::load_engine(home, &model_args(&first))?;
+    let engine = crate::loading::load_engine(home, &ModelOptions::from_config(&first))?;
     let aliases = registry::find(&args.model)
         .map(|k| vec![k.name.to_owned()])
         .unwrap_or_default();
-    let embedder = super::serve::load_embedder(
+    let embedder = crate::loading::load_embedder(
         home,
         &first.models.embedding,
-        model_args(&first).embed_backend,
+        ModelOptions::from_config(&first).embed_backend,
     )?;
     let shared = SharedModels {
         chat: starling_models::engine::ModelSlot::new(engine),

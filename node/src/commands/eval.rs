@@ -10,13 +10,13 @@ use starling_models::embed::{BertEmbedder, Embedder};
 use starling_models::source::{registry, ModelCache, Progress};
 
 use crate::agent::formation::FormationConfig;
-use crate::agent::llm::Llm;
 use crate::cli::ModelArgs;
 use crate::eval::formation_loop::{self, FormationReport, RegistrySearch};
 use crate::eval::synth::{self, SynthConfig};
 use crate::eval::team_formation::{
     self, card_passages, Dataset, Metrics, RetrievalConfig, RetrievalReport,
 };
+use crate::llm::Llm;
 
 /// The Internet of Agents paper's figures for its regular team formation (Top@1, Top@10,
 /// mean rank, MRR), printed next to ours.
@@ -423,7 +423,7 @@ fn run_full(
     card_vectors: &[Vec<Vec<f32>>],
     embedder: BertEmbedder,
 ) -> anyhow::Result<FormationReport> {
-    let engine = super::load_engine(home, &args.model)?;
+    let engine = crate::loading::load_engine(home, &args.model.options())?;
     let llm = Llm::new(starling_models::engine::ModelSlot::new(engine));
     let search = RegistrySearch::new(&dataset.registry, card_vectors, embedder)?;
     let limit = args.limit.min(dataset.tasks.len());

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
 
-use crate::agent::llm::Llm;
 use crate::cli::ModelArgs;
+use crate::llm::Llm;
 use crate::memory::admission::{assess, score_pair};
 use crate::memory::eval::load_jsonl;
 use crate::memory::record::{normalize_text, MAX_SCORE};
@@ -529,8 +529,8 @@ pub fn run(home: &Path, args: EvalAdmissionArgs) -> anyhow::Result<()> {
         config.threshold = t;
     }
     let candidates = build_candidates(&pairs);
-    let embedder = super::serve::load_embedder(home, &args.embed_model, Default::default())?;
-    let engine = super::load_engine(home, &args.model)?;
+    let embedder = crate::loading::load_embedder(home, &args.embed_model, Default::default())?;
+    let engine = crate::loading::load_engine(home, &args.model.options())?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();
     let judged = super::block_on(judge_all(

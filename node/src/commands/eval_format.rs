@@ -24,8 +24,8 @@ use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
 
 use crate::agent::executor::{answer_messages, ExecutorConfig, TaskSpec};
-use crate::agent::llm::Llm;
 use crate::cli::ModelArgs;
+use crate::llm::Llm;
 use crate::memory::eval::load_jsonl;
 use crate::memory::record::{normalize_text, validate_domain};
 use crate::memory::{format_examples, BookConfig, Memory, MemoryBook};
@@ -487,8 +487,8 @@ pub fn run(home: &Path, args: EvalFormatArgs) -> anyhow::Result<()> {
     let min_cosine = args.min_cosine.unwrap_or(defaults.memory_min_cosine);
     let max_tokens = args.max_tokens.unwrap_or(defaults.answer_tokens);
 
-    let embedder = super::serve::load_embedder(home, &args.embed_model, Default::default())?;
-    let engine = super::load_engine(home, &args.model)?;
+    let embedder = crate::loading::load_embedder(home, &args.embed_model, Default::default())?;
+    let engine = crate::loading::load_engine(home, &args.model.options())?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();
     let (results, indexed) = super::block_on(async {

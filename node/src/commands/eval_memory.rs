@@ -31,7 +31,7 @@ pub struct EvalMemoryArgs {
 pub fn run(home: &Path, args: EvalMemoryArgs) -> anyhow::Result<()> {
     let memories: Vec<EvalMemory> = load_jsonl(&args.memories)?;
     let queries: Vec<EvalQuery> = load_jsonl(&args.queries)?;
-    let handle = super::serve::load_embedder(home, &args.embed_model, Default::default())?;
+    let handle = crate::loading::load_embedder(home, &args.embed_model, Default::default())?;
     let report = super::block_on(evaluate(&memories, &queries, Some(handle), args.feedback))??;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

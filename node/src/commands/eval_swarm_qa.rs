@@ -858,11 +858,12 @@ pub fn run(home: &Path, args: SwarmQaArgs) -> anyhow::Result<()> {
     };
 
     eprintln!("loading models (shared by every node)...");
-    let engine = super::load_engine(home, &args.model)?;
+    let engine = crate::loading::load_engine(home, &args.model.options())?;
     let aliases = registry::find(&args.model.model)
         .map(|k| vec![k.name.to_owned()])
         .unwrap_or_default();
-    let embedder = super::serve::load_embedder(home, &args.embed_model, args.model.embed_backend)?;
+    let embedder =
+        crate::loading::load_embedder(home, &args.embed_model, args.model.embed_backend)?;
     let cx = RunContext {
         home,
         shared: SharedModels {

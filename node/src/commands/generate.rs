@@ -75,7 +75,7 @@ pub fn run(home: &Path, args: GenerateArgs) -> anyhow::Result<()> {
     } else {
         args.prompt.clone()
     };
-    let engine = super::load_engine(home, &args.model)?;
+    let engine = crate::loading::load_engine(home, &args.model.options())?;
     let prompt = if args.raw {
         Prompt::Text(prompt)
     } else {

@@ -2,17 +2,15 @@
 //! a swarm (like `ollama serve`).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use clap::Args;
-use starling_models::embed::{BertEmbedder, EmbedBackend, EmbedHandle};
-use starling_models::engine::ModelSlot;
-use starling_models::source::{registry, ModelCache, ModelSource, Progress};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, ApiConfig, AppState};
+use crate::api::{self, ApiConfig};
 use crate::cli::ModelArgs;
+use crate::loading::{build_state, model_switch};
 
 /// Arguments of `starling serve`.
 #[derive(Debug, Args)]
@@ -48,9 +46,10 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
     // Before the models load: a refusal should not wait for them.
     api::check_exposure(args.api, &config)?;
     let embedding = (!args.no_embeddings).then_some(args.embedding_model.as_str());
-    let state = build_state(home, &args.model, embedding, config)?.with_model_switch(model_switch(
+    let model = args.model.options();
+    let state = build_state(home, &model, embedding, config)?.with_model_switch(model_switch(
         home,
-        &args.model,
+        &model,
         &[],
     ));
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -68,82 +67,6 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
         api::serve_on(listener, state, cancel).await?;
         Ok(())
     })
-}
-
-/// Loads the chat model of `model` and, when `embedding` names one, the embedding model,
-/// into an API state. `starling up` builds its API state the same way.
-pub fn build_state(
-    home: &Path,
-    model: &ModelArgs,
-    embedding: Option<&str>,
-    config: ApiConfig,
-) -> anyhow::Result<AppState> {
-    let engine = super::load_engine(home, model)?;
-    let info = engine.info();
-    eprintln!(
-        "chat model: {} ({}, {}, context {})",
-        info.id, info.architecture, info.quantization, info.context_length
-    );
-    // A registry name is what users type: answer to it besides the file's own name.
-    let aliases = registry::find(&model.model)
-        .map(|k| vec![k.name.to_owned()])
-        .unwrap_or_default();
-    let state = AppState::new(config)
-        .with_chat_model_named(ModelSlot::new(engine), aliases)
-        .with_model_cache(ModelCache::new(home));
-    if let Some(spec) = embedding {
-        let handle = load_embedder(home, spec, model.embed_backend)?;
-        eprintln!(
-            "embedding model: {} ({} dimensions)",
-            handle.model_id(),
-            handle.dim()
-        );
-        state.set_embedder(Some(handle));
-    }
-    Ok(state)
-}
-
-/// How `PUT /api/models/active` loads another chat model: with the same options as
-/// `model` (context, threads, requantisation), from a registry name, a source, or a file
-/// in the model cache, beside the loaded model, or under `dirs`. `starling up` switches
-/// the same way.
-pub fn model_switch(home: &Path, model: &ModelArgs, dirs: &[PathBuf]) -> api::ModelSwitch {
-    let mut allowed = vec![ModelCache::new(home).models_dir().to_path_buf()];
-    if let Ok(ModelSource::Local(l)) = registry::parse_spec(&model.model) {
-        if let Some(parent) = l.expanded().parent() {
-            allowed.push(parent.to_path_buf());
-        }
-    }
-    allowed.extend(dirs.iter().cloned());
-    let (home, model) = (home.to_path_buf(), model.clone());
-    api::ModelSwitch {
-        dirs: allowed,
-        load: std::sync::Arc::new(move |spec: &str| {
-            let mut args = model.clone();
-            args.model = spec.to_owned();
-            super::load_engine(&home, &args).map_err(|e| format!("{e:#}"))
-        }),
-    }
-}
-
-/// Resolves `spec` (registry name, directory or source) and starts the embedder on its own
-/// thread. A registry name becomes the model's id.
-pub fn load_embedder(
-    home: &Path,
-    spec: &str,
-    backend: EmbedBackend,
-) -> anyhow::Result<EmbedHandle> {
-    let cache = ModelCache::new(home);
-    let source = registry::parse_spec(spec)?;
-    let dir = cache
-        .resolve(&source, &Progress::new())
-        .with_context(|| format!("cannot get embedding model `{spec}`"))?;
-    let mut embedder = BertEmbedder::load_with(&dir, backend)
-        .with_context(|| format!("cannot load embedding model {}", dir.display()))?;
-    if let Some(known) = registry::find(spec) {
-        embedder = embedder.with_model_id(known.name);
-    }
-    Ok(EmbedHandle::spawn(embedder)?)
 }
 
 /// Cancels `cancel` on Ctrl-C or (on Unix) SIGTERM.

@@ -120,7 +120,7 @@ pub fn run(home: &Path, args: UpArgs) -> anyhow::Result<()> {
         .map(|s| s.trim().parse::<JoinCode>())
         .transpose()
         .map_err(|e| anyhow::anyhow!("--join: {e}"))?;
-    super::apply_threads(config.models.threads);
+    crate::loading::apply_threads(config.models.threads);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -20,7 +20,7 @@ use super::team_formation::{agent_card, card_index_text, Dataset, EvalError};
 use super::AgentRecord;
 use crate::agent::card::{CardHit, KnownCard};
 use crate::agent::formation::{form_team, AgentSearch, FormationConfig, ToolCall};
-use crate::agent::llm::{Llm, LlmError};
+use crate::llm::{Llm, LlmError};
 use crate::search::{HybridIndex, HybridOptions};
 
 /// The registry of a benchmark behind the [`AgentSearch`] the formation loop uses: the

@@ -12,7 +12,7 @@ use starling_models::chat::ChatMessage;
 
 use super::book::{dot, unit, Inserted, MemoryBook};
 use super::record::{normalize_text, validate_domain, MemoryBody, MemoryError};
-use crate::agent::llm::{Llm, LlmError};
+use crate::llm::{Llm, LlmError};
 
 /// Admission settings.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,13 +8,13 @@
 //! - [`admission`]: deterministic pre-checks and the LLM rubric score.
 //! - [`sync`]: feeding the book from the swarm.
 //! - [`eval`]: offline retrieval metrics (`starling eval memory`).
-//! - [`api_types`] and [`http`]: the `/api/memories` routes and their JSON types.
+//! - [`api_types`]: the JSON types of the `/api/memories` routes (served by
+//!   [`crate::api::memories`]).
 
 pub mod admission;
 pub mod api_types;
 pub mod book;
 pub mod eval;
-pub mod http;
 pub mod record;
 pub mod sync;
 

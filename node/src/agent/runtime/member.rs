@@ -204,7 +204,7 @@ impl Agent {
         let prompt = speak_prompt(self, req, &format_examples(&examples));
         let value = self.0.decide.decide_json(prompt, &req.schema, 400).await?;
         serde_json::from_value(value).map_err(|e| {
-            AgentError::Llm(super::super::llm::LlmError::Decode(format!(
+            AgentError::Llm(crate::llm::LlmError::Decode(format!(
                 "a turn decision: {e}"
             )))
         })

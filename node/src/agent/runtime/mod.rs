@@ -39,10 +39,10 @@ use super::grounded::{
     self, AgentOffer, Answer, AnswerStatus, Citation, Inquiry, Located, Next, NodeHit, PlanStep,
     Planner, Route, SubQuestion,
 };
-use super::llm::{Decide, Llm};
 use super::peers::Peers;
 use super::tools::{ExternalAgent, ExternalTask};
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
+use crate::llm::{Decide, Llm};
 use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
 use crate::store::{GroupRecord, Store, TaskRecord};
 
@@ -367,7 +367,7 @@ impl TaskResult {
 pub enum AgentError {
     /// The model failed.
     #[error(transparent)]
-    Llm(#[from] super::llm::LlmError),
+    Llm(#[from] crate::llm::LlmError),
     /// The executor failed.
     #[error(transparent)]
     Executor(#[from] super::executor::ExecutorError),

@@ -14,9 +14,9 @@ use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 use super::*;
 use crate::agent::chat::{Message, MessageType, TaskState};
 use crate::agent::executor::{Executor, ExecutorConfig};
-use crate::agent::llm::{Decide, LlmError};
 use crate::agent::peers::sim::{Fault, SimNet};
 use crate::agent::tools::ToolBox;
+use crate::llm::{Decide, LlmError};
 
 const BERTH: &str = "# Quays\n\nQuay Nine at Port Ellery has a berth length of 214 metres.\n";
 const PILOT: &str =

@@ -12,14 +12,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
-use super::admission::{admit, AdmissionConfig, AdmissionError, Admitted, Pair};
-use super::api_types::{
+use super::{ApiError, ApiJson, ApiPath, ApiQuery, Documented};
+use crate::memory::admission::{admit, AdmissionConfig, AdmissionError, Admitted, Pair};
+use crate::memory::api_types::{
     AddMemoryRequest, AddMemoryResponse, FeedbackRequest, ForgetQuery, ForgetResponse, MemoryList,
     MemoryQuery, MemoryView, TrustRequest,
 };
-use super::book::{BookError, MemoryBook};
-use super::record::DEFAULT_DOMAIN;
-use crate::api::{ApiError, ApiJson, ApiPath, ApiQuery, Documented};
+use crate::memory::book::{BookError, MemoryBook};
+use crate::memory::record::DEFAULT_DOMAIN;
 use crate::store::AuthorTrust;
 
 impl Documented for AddMemoryRequest {
@@ -157,7 +157,7 @@ async fn feedback(
     State(api): State<MemoryApi>,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<FeedbackRequest>,
-) -> Result<Json<super::record::Memory>, ApiError> {
+) -> Result<Json<crate::memory::record::Memory>, ApiError> {
     api.book
         .feedback(&id, req.helpful)
         .await
