@@ -17,7 +17,7 @@ SEEDS=${SEEDS:-"1 2 3"}
 OUT=${OUT:-$(mktemp -d)}
 cd "$(dirname "$0")/../.."
 if [[ -z "${STARLING:-}" ]]; then
-  cargo build --release -p starling-node --bin starling
+  cargo build --release -p starling-node -p starling-eval --bin starling --bin starling-eval
   STARLING=target/release/starling
 fi
 for data in ../shared/eval/team_formation/dev.jsonl benches/team_formation/blind.jsonl; do

@@ -59,13 +59,14 @@ pub enum Command {
     ///   starling serve --api 127.0.0.1:8080 --model ./my-finetune.gguf --no-embeddings
     #[command(verbatim_doc_comment)]
     Serve(commands::serve::ServeArgs),
-    /// Offline evaluations: team-formation retrieval and its synthetic benchmark.
+    /// Benchmarks (swarm-QA, team formation, memory): runs the `starling-eval` executable.
     ///
     /// Examples:
-    ///   starling eval synth-team --cards 1200 --tasks 500 --seed 1 --out tasks.jsonl
+    ///   starling eval swarm-qa --data scenarios.jsonl --mode swarm --mode oracle --json
     ///   starling eval team-formation --data tasks.jsonl
-    #[command(subcommand, verbatim_doc_comment)]
-    Eval(commands::eval::EvalCommand),
+    ///   starling eval memory --memories memories.jsonl --queries queries.jsonl
+    #[command(verbatim_doc_comment, disable_help_flag = true)]
+    Eval(commands::eval::EvalArgs),
     /// Run a node: join (or start) a swarm, serve the models, the node API and dashboard.
     ///
     /// Examples:
@@ -228,7 +229,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(a) => commands::bench::run(&home, a),
         Command::Embed(a) => commands::embed::run(&home, a),
         Command::Serve(a) => commands::serve::run(&home, a),
-        Command::Eval(c) => commands::eval::run(&home, c),
+        Command::Eval(a) => commands::eval::run(&home, cli.verbose, a),
         Command::Up(a) => commands::up::run(&home, a),
         Command::Peers(a) => commands::peers::peers(a),
         Command::Invite(a) => commands::peers::invite(a),

@@ -9,7 +9,6 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod daemon;
-pub mod eval;
 pub mod llm;
 pub mod loading;
 pub mod logging;

@@ -981,7 +981,7 @@ impl MemoryBook {
 
     /// Ranking core; `with_prior = false` ranks by relevance alone, and `weights` (semantic,
     /// lexical) replace the configured fusion weights (for evaluating each stage).
-    pub(crate) fn ranked(
+    pub fn ranked(
         &self,
         domain: &str,
         query: &str,

@@ -7,14 +7,12 @@
 //!   flood-resistant ranking.
 //! - [`admission`]: deterministic pre-checks and the LLM rubric score.
 //! - [`sync`]: feeding the book from the swarm.
-//! - [`eval`]: offline retrieval metrics (`starling eval memory`).
 //! - [`api_types`]: the JSON types of the `/api/memories` routes (served by
 //!   [`crate::api::memories`]).
 
 pub mod admission;
 pub mod api_types;
 pub mod book;
-pub mod eval;
 pub mod record;
 pub mod sync;
 

@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use starling_models::embed::EmbedHandle;
 
-use super::book::{BookConfig, BookError, Inserted, MemoryBook};
-use super::record::{validate_domain, Memory, MAX_SCORE};
-use crate::store::Store;
+use starling_node::memory::book::{BookConfig, BookError, Inserted, MemoryBook};
+use starling_node::memory::record::{validate_domain, Memory, MAX_SCORE};
+use starling_node::store::Store;
 
 /// Depth of the ranking used for MRR.
 const DEPTH: usize = 10;
@@ -86,7 +86,7 @@ pub enum EvalError {
     Book(#[from] BookError),
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] starling_node::store::StoreError),
 }
 
 /// Reads a JSON Lines file (blank lines skipped).

@@ -25,10 +25,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{AgentRecord, TaskRecord};
-use crate::agent::card::AgentCard;
-use crate::config::AgentKind;
-use crate::search::{query_parts, Hit, HybridIndex, HybridOptions, SearchError};
+use crate::{AgentRecord, TaskRecord};
+use starling_node::agent::card::AgentCard;
+use starling_node::config::AgentKind;
+use starling_node::search::{query_parts, Hit, HybridIndex, HybridOptions, SearchError};
 
 /// Why a benchmark file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -316,7 +316,7 @@ pub struct RetrievalConfig {
 
 impl Default for RetrievalConfig {
     fn default() -> Self {
-        let o = crate::agent::card::card_fusion();
+        let o = starling_node::agent::card::card_fusion();
         Self {
             semantic_weight: o.semantic_weight,
             lexical_weight: o.lexical_weight,
@@ -337,7 +337,7 @@ pub struct RetrievalReport {
     pub dense: Metrics,
     /// Reciprocal rank fusion of the two, `1 / (k + rank)` summed (shown for comparison).
     pub rrf: Metrics,
-    /// Max-normalised scores fused linearly ([`crate::search`]), the whole task as the query.
+    /// Max-normalised scores fused linearly ([`starling_node::search`]), the whole task as the query.
     pub fused_whole: Metrics,
     /// The node's search: the whole task's fused score plus half the best of its sentences'
     /// ([`HybridIndex::search_with_parts`]).

@@ -44,7 +44,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use super::{AgentRecord, TaskRecord};
+use crate::{AgentRecord, TaskRecord};
 
 /// Why a benchmark cannot be generated.
 #[derive(Debug, thiserror::Error)]

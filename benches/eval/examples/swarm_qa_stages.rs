@@ -24,12 +24,12 @@
 
 use std::path::PathBuf;
 
+use starling_eval::swarm_qa::{load_scenarios, Scenario};
 use starling_models::chat::ChatMessage;
 use starling_models::constraint::Constraint;
 use starling_models::embed::{BertEmbedder, Embedder};
 use starling_models::engine::{Chunk, Engine, EngineConfig, GenerateRequest, Prompt};
 use starling_node::agent::grounded::{self, SubQuestion, Unit};
-use starling_node::commands::eval_swarm_qa::{load_scenarios, Scenario};
 
 /// An answer part: its aliases, matched case-insensitively.
 struct Part<'a>(&'a [String]);

@@ -6,11 +6,9 @@
 
 use std::path::Path;
 
+use starling_eval::swarm_qa::{load_scenarios, score_answer, Scenario, ScenarioNode};
 use starling_node::agent::grounded::{
     self, Inquiry, Next, NodeHit, PlanStep, Planner, SubQuestion, Unit,
-};
-use starling_node::commands::eval_swarm_qa::{
-    load_scenarios, score_answer, Scenario, ScenarioNode,
 };
 
 /// A node's units in the order a node reads them (`GROUNDED_REVERSE`: the other order, to
@@ -140,7 +138,7 @@ fn score_file(path: &Path, unread: bool) -> Option<(usize, usize)> {
 
 #[test]
 fn grounded_pipeline_keeps_its_score_on_the_projects_own_scenarios() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (ok, n) =
         score_file(&root.join("benches/swarm_qa/own.jsonl"), false).expect("own scenarios");
     if let Some((dok, dn)) = score_file(&root.join("../shared/eval/swarm_qa/dev.jsonl"), false) {

@@ -16,12 +16,12 @@ use std::sync::Mutex;
 use serde::Serialize;
 use starling_models::embed::Embedder;
 
-use super::team_formation::{agent_card, card_index_text, Dataset, EvalError};
-use super::AgentRecord;
-use crate::agent::card::{CardHit, KnownCard};
-use crate::agent::formation::{form_team, AgentSearch, FormationConfig, ToolCall};
-use crate::llm::{Llm, LlmError};
-use crate::search::{HybridIndex, HybridOptions};
+use crate::team_formation::{agent_card, card_index_text, Dataset, EvalError};
+use crate::AgentRecord;
+use starling_node::agent::card::{CardHit, KnownCard};
+use starling_node::agent::formation::{form_team, AgentSearch, FormationConfig, ToolCall};
+use starling_node::llm::{Llm, LlmError};
+use starling_node::search::{HybridIndex, HybridOptions};
 
 /// The registry of a benchmark behind the [`AgentSearch`] the formation loop uses: the
 /// same hybrid index as the node's card book, with each query embedded by `E`. Agent `i`
@@ -68,7 +68,7 @@ impl<'a, E: Embedder> RegistrySearch<'a, E> {
     fn hits(&self, query: &str, k: usize) -> Vec<CardHit> {
         // As a node searches (`Agent::search_cards`): a query of several sentences is
         // searched whole and sentence by sentence.
-        let sentences = crate::search::query_parts(query);
+        let sentences = starling_node::search::query_parts(query);
         let mut texts = vec![query];
         texts.extend(sentences.iter().map(String::as_str));
         let mut vectors = {

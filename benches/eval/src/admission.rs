@@ -28,13 +28,13 @@ use serde::{Deserialize, Serialize};
 use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
 
-use crate::cli::ModelArgs;
-use crate::llm::Llm;
-use crate::memory::admission::{assess, score_pair};
-use crate::memory::eval::load_jsonl;
-use crate::memory::record::{normalize_text, MAX_SCORE};
-use crate::memory::{AdmissionConfig, BookConfig, Memory, MemoryBook, Pair, Rejection};
-use crate::store::Store;
+use crate::memory::load_jsonl;
+use starling_node::cli::ModelArgs;
+use starling_node::llm::Llm;
+use starling_node::memory::admission::{assess, score_pair};
+use starling_node::memory::record::{normalize_text, MAX_SCORE};
+use starling_node::memory::{AdmissionConfig, BookConfig, Memory, MemoryBook, Pair, Rejection};
+use starling_node::store::Store;
 
 /// Arguments of `starling eval admission`.
 #[derive(Debug, Args)]
@@ -529,11 +529,12 @@ pub fn run(home: &Path, args: EvalAdmissionArgs) -> anyhow::Result<()> {
         config.threshold = t;
     }
     let candidates = build_candidates(&pairs);
-    let embedder = crate::loading::load_embedder(home, &args.embed_model, Default::default())?;
-    let engine = crate::loading::load_engine(home, &args.model.options())?;
+    let embedder =
+        starling_node::loading::load_embedder(home, &args.embed_model, Default::default())?;
+    let engine = starling_node::loading::load_engine(home, &args.model.options())?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();
-    let judged = super::block_on(judge_all(
+    let judged = starling_node::commands::block_on(judge_all(
         &pairs,
         &candidates,
         &llm,

@@ -23,13 +23,13 @@ use starling_models::chat::ChatMessage;
 use starling_models::embed::EmbedHandle;
 use starling_models::engine::ModelSlot;
 
-use crate::agent::executor::{answer_messages, ExecutorConfig, TaskSpec};
-use crate::cli::ModelArgs;
-use crate::llm::Llm;
-use crate::memory::eval::load_jsonl;
-use crate::memory::record::{normalize_text, validate_domain};
-use crate::memory::{format_examples, BookConfig, Memory, MemoryBook};
-use crate::store::Store;
+use crate::memory::load_jsonl;
+use starling_node::agent::executor::{answer_messages, ExecutorConfig, TaskSpec};
+use starling_node::cli::ModelArgs;
+use starling_node::llm::Llm;
+use starling_node::memory::record::{normalize_text, validate_domain};
+use starling_node::memory::{format_examples, BookConfig, Memory, MemoryBook};
+use starling_node::store::Store;
 
 /// Arguments of `starling eval format`.
 #[derive(Debug, Args)]
@@ -487,11 +487,12 @@ pub fn run(home: &Path, args: EvalFormatArgs) -> anyhow::Result<()> {
     let min_cosine = args.min_cosine.unwrap_or(defaults.memory_min_cosine);
     let max_tokens = args.max_tokens.unwrap_or(defaults.answer_tokens);
 
-    let embedder = crate::loading::load_embedder(home, &args.embed_model, Default::default())?;
-    let engine = crate::loading::load_engine(home, &args.model.options())?;
+    let embedder =
+        starling_node::loading::load_embedder(home, &args.embed_model, Default::default())?;
+    let engine = starling_node::loading::load_engine(home, &args.model.options())?;
     let llm = Llm::new(ModelSlot::new(engine));
     let start = std::time::Instant::now();
-    let (results, indexed) = super::block_on(async {
+    let (results, indexed) = starling_node::commands::block_on(async {
         let book = load_book(&memories, embedder).await?;
         let results =
             answer_all(&tasks, &rules, &book, &llm, &args, min_cosine, max_tokens).await?;

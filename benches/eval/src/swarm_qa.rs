@@ -27,12 +27,12 @@ use serde::{Deserialize, Serialize};
 use starling_discovery::SwarmSecret;
 use starling_models::source::registry;
 
-use crate::agent::grounded::{AnswerStatus, Citation};
-use crate::cli::ModelArgs;
-use crate::config::NodeConfig;
-use crate::daemon::{Node, SharedModels, StartOptions};
+use starling_node::agent::grounded::{AnswerStatus, Citation};
+use starling_node::cli::ModelArgs;
+use starling_node::config::NodeConfig;
+use starling_node::daemon::{Node, SharedModels, StartOptions};
 
-pub use crate::agent::grounded::MAX_ANSWER_WORDS;
+pub use starling_node::agent::grounded::MAX_ANSWER_WORDS;
 
 /// Ways to say that the swarm does not know: the part of an `unanswerable` scenario, and a
 /// hedge that makes an answer to an answerable question wrong.
@@ -155,14 +155,14 @@ impl ScenarioNode {
     /// Its documents' evidence units in the order a node reads them: documents by file
     /// name, as the runtime's document index lists its folder (`reverse`: the other order,
     /// to find answers that depend on reading order).
-    pub fn units(&self, reverse: bool) -> Vec<crate::agent::grounded::Unit> {
+    pub fn units(&self, reverse: bool) -> Vec<starling_node::agent::grounded::Unit> {
         let mut docs: Vec<_> = self.documents.iter().collect();
         docs.sort_by(|a, b| a.name.cmp(&b.name));
         if reverse {
             docs.reverse();
         }
         docs.iter()
-            .flat_map(|d| crate::agent::grounded::document_units(&d.name, &d.text))
+            .flat_map(|d| starling_node::agent::grounded::document_units(&d.name, &d.text))
             .collect()
     }
 }
@@ -794,7 +794,7 @@ async fn drive(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let before = tokens(nodes);
-    let group_id = crate::agent::runtime::new_group_id();
+    let group_id = starling_node::agent::runtime::new_group_id();
     let started = Instant::now();
     let agent = asker.agent.clone();
     let question = s.question.clone();
@@ -858,12 +858,12 @@ pub fn run(home: &Path, args: SwarmQaArgs) -> anyhow::Result<()> {
     };
 
     eprintln!("loading models (shared by every node)...");
-    let engine = crate::loading::load_engine(home, &args.model.options())?;
+    let engine = starling_node::loading::load_engine(home, &args.model.options())?;
     let aliases = registry::find(&args.model.model)
         .map(|k| vec![k.name.to_owned()])
         .unwrap_or_default();
     let embedder =
-        crate::loading::load_embedder(home, &args.embed_model, args.model.embed_backend)?;
+        starling_node::loading::load_embedder(home, &args.embed_model, args.model.embed_backend)?;
     let cx = RunContext {
         home,
         shared: SharedModels {

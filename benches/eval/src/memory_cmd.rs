@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::memory::eval::{evaluate, load_jsonl, render, EvalMemory, EvalQuery};
+use crate::memory::{evaluate, load_jsonl, render, EvalMemory, EvalQuery};
 
 /// Arguments of `starling eval memory`.
 #[derive(Debug, Args)]
@@ -31,8 +31,14 @@ pub struct EvalMemoryArgs {
 pub fn run(home: &Path, args: EvalMemoryArgs) -> anyhow::Result<()> {
     let memories: Vec<EvalMemory> = load_jsonl(&args.memories)?;
     let queries: Vec<EvalQuery> = load_jsonl(&args.queries)?;
-    let handle = crate::loading::load_embedder(home, &args.embed_model, Default::default())?;
-    let report = super::block_on(evaluate(&memories, &queries, Some(handle), args.feedback))??;
+    let handle =
+        starling_node::loading::load_embedder(home, &args.embed_model, Default::default())?;
+    let report = starling_node::commands::block_on(evaluate(
+        &memories,
+        &queries,
+        Some(handle),
+        args.feedback,
+    ))??;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -1,12 +1,14 @@
-//! Offline evaluations of the node's components.
+//! Starling's evaluations, kept out of the product binary: the benchmarks behind
+//! `starling eval …` (the `starling-eval` executable, which `starling eval` runs).
 //!
-//! - [`synth`]: a seeded generator of synthetic team-formation benchmarks.
-//! - [`team_formation`]: loads such a benchmark (or any file in the same format) and scores a
-//!   ranking of the agent registry against each task's gold team.
-//! - [`formation_loop`]: runs the node's real LLM team-formation loop against the registry
-//!   and scores the teams it launches.
+//! - [`swarm_qa`]: multi-node question answering, every scenario a swarm of real nodes.
+//! - [`team_formation`], [`formation_loop`], [`synth`]: agent search on team-formation
+//!   benchmarks (IoA's format, below) and a seeded synthetic generator.
+//! - [`memory`], [`admission`], [`format`]: memory retrieval, admission and worked-example
+//!   formatting.
+//! - [`cli`]: the command line.
 //!
-//! The benchmark format is JSON Lines, one task per line:
+//! Team-formation files are JSON Lines, one task per line:
 //!
 //! ```text
 //! {"task_id": "...", "task_description": "...",
@@ -16,7 +18,15 @@
 //! The agents of a line are that task's gold team; the registry searched is the union of the
 //! agents of all lines (by name).
 
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod admission;
+pub mod cli;
+pub mod format;
 pub mod formation_loop;
+pub mod memory;
+pub mod memory_cmd;
+pub mod swarm_qa;
 pub mod synth;
 pub mod team_formation;
 
