@@ -27,6 +27,9 @@ use crate::llm::Llm;
 use crate::loading::{self, ModelOptions};
 use crate::store::Store;
 
+/// How long [`Node::shutdown`] lets open HTTP connections finish before closing them.
+pub const API_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// File in the data dir holding the swarm secret (base32, owner-readable only).
 pub const SECRET_FILE: &str = "swarm.secret";
 
@@ -153,6 +156,17 @@ pub struct NodeInner {
     pub started: Instant,
     /// Fires on shutdown.
     pub cancel: CancellationToken,
+    /// The HTTP API's task: [`Node::shutdown`] awaits it; dropping the node aborts it.
+    api_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for NodeInner {
+    fn drop(&mut self) {
+        let task = self.api_task.get_mut().map(Option::take);
+        if let Ok(Some(task)) = task {
+            task.abort();
+        }
+    }
 }
 
 /// Handle to a running node (cheap to clone).
@@ -346,6 +360,7 @@ impl Node {
             api_addr,
             started: Instant::now(),
             cancel: cancel.clone(),
+            api_task: std::sync::Mutex::new(None),
         }));
         let routes = api::router_with(
             app.clone(),
@@ -359,17 +374,37 @@ impl Node {
             .merge(crate::api::memories::routes(memory, admission)),
         );
         let api_cancel = cancel.clone();
-        tokio::spawn(async move {
+        let api_task = tokio::spawn(async move {
             if let Err(e) = api::serve_router_on(listener, app, routes, api_cancel).await {
                 tracing::error!(error = %e, "HTTP API stopped");
             }
         });
+        if let Ok(mut slot) = node.api_task.lock() {
+            *slot = Some(api_task);
+        }
         Ok(node)
     }
 
-    /// Leaves the swarm and stops the API.
+    /// Stops the API (its listener closed and its connections drained, or cut after
+    /// [`API_DRAIN`], when this returns) and leaves the swarm.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
+        let api_task = self.api_task.lock().ok().and_then(|mut t| t.take());
+        if let Some(mut task) = api_task {
+            match tokio::time::timeout(API_DRAIN, &mut task).await {
+                Ok(Err(e)) if e.is_panic() => {
+                    tracing::error!(error = %e, "the HTTP API's task panicked");
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    // A client holding a stream open (the dashboard's events) does not
+                    // keep the node from stopping.
+                    tracing::warn!("HTTP connections still open after {API_DRAIN:?}; closing them");
+                    task.abort();
+                    let _ = task.await;
+                }
+            }
+        }
         self.swarm.shutdown().await;
     }
 }
