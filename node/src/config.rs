@@ -292,7 +292,8 @@ pub struct AgentSection {
     /// External agents this node integrates as tools (`[[agent.external]]`): a command or an
     /// HTTP endpoint that takes a task and returns a result.
     pub external: Vec<ExternalAgentConfig>,
-    /// MCP servers this node starts (`[[agent.mcp]]`, stdio); their tools are offered to
+    /// MCP servers whose tools this node offers (`[[agent.mcp]]`: a command it starts and
+    /// speaks to over stdio, or a streamable-HTTP `url`); their tools are offered to
     /// the executor as `NAME_TOOL`, with the server's own argument schemas.
     pub mcp: Vec<McpServerConfig>,
     /// Whether the executor may answer a step without calling a tool. `false` routes every
@@ -370,7 +371,7 @@ pub struct ExternalAgentConfig {
     /// is relative to the config file.
     #[serde(default)]
     pub command: Option<Vec<String>>,
-    /// `http://` or `https://` endpoint taking the task by POST.
+    /// `http://` endpoint taking the task by POST (the node's HTTP client has no TLS).
     #[serde(default)]
     pub url: Option<String>,
     /// An A2A agent: its base URL (its card is at `/.well-known/agent-card.json` under it)
@@ -393,18 +394,27 @@ fn default_external_max_output() -> usize {
     64 * 1024
 }
 
-/// `[[agent.mcp]]`: an MCP server the node starts and talks to over stdio.
+/// `[[agent.mcp]]`: an MCP server whose tools the node offers: one it starts and talks to
+/// over stdio (`command`), or one already running that it reaches over MCP's streamable
+/// HTTP transport (`url`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// Prefix of its tools' names (`NAME_TOOL`): lowercase letters, digits, `_`, `-`.
     pub name: String,
     /// Program and arguments, run without a shell. A relative program path containing `/`
-    /// is relative to the config file.
+    /// is relative to the config file. Exactly one of `command` and `url`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
-    /// Environment variables set for it, besides the node's own.
+    /// Environment variables set for the command, besides the node's own.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// The MCP endpoint of a server speaking streamable HTTP (`http://host:port/mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// HTTP headers sent with every request to `url` (an `Authorization` token, say).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, String>,
     /// Seconds a tool call may take.
     #[serde(default = "default_external_timeout")]
     pub timeout_secs: u64,
@@ -727,8 +737,59 @@ impl McpServerConfig {
     fn check(&self) -> Result<(), String> {
         let name = &self.name;
         check_tool_name(name)?;
-        if self.command.first().is_none_or(|p| p.trim().is_empty()) {
-            return Err(format!("entry `{name}`: `command` needs a program"));
+        match &self.url {
+            None => {
+                if self.command.first().is_none_or(|p| p.trim().is_empty()) {
+                    return Err(format!(
+                        "entry `{name}`: needs `command` (a program) or `url`"
+                    ));
+                }
+                if !self.headers.is_empty() {
+                    return Err(format!("entry `{name}`: `headers` go with `url`"));
+                }
+            }
+            Some(url) => {
+                if !self.command.is_empty() {
+                    return Err(format!(
+                        "entry `{name}`: needs exactly one of `command` and `url`"
+                    ));
+                }
+                if !self.env.is_empty() {
+                    return Err(format!("entry `{name}`: `env` goes with `command`"));
+                }
+                // The node's HTTP client is built without TLS.
+                if url.strip_prefix("http://").is_none_or(str::is_empty) {
+                    return Err(format!(
+                        "entry `{name}`: `url` must be an http:// address (https is not built in)"
+                    ));
+                }
+                for (key, value) in &self.headers {
+                    let valid = !key.is_empty()
+                        && key
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
+                        && value
+                            .bytes()
+                            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
+                    if !valid {
+                        return Err(format!(
+                            "entry `{name}`: header `{key}` is not a valid HTTP header"
+                        ));
+                    }
+                    // The transport sets these itself.
+                    const RESERVED: [&str; 4] = [
+                        "accept",
+                        "mcp-session-id",
+                        "mcp-protocol-version",
+                        "last-event-id",
+                    ];
+                    if RESERVED.iter().any(|r| key.eq_ignore_ascii_case(r)) {
+                        return Err(format!(
+                            "entry `{name}`: header `{key}` is set by the MCP transport"
+                        ));
+                    }
+                }
+            }
         }
         check_limits(name, self.timeout_secs, self.max_output_bytes)
     }
@@ -752,12 +813,10 @@ impl ExternalAgentConfig {
             }
             (None, Some(url), None) | (None, None, Some(url)) => {
                 let key = if self.url.is_some() { "url" } else { "a2a" };
-                let rest = url
-                    .strip_prefix("http://")
-                    .or_else(|| url.strip_prefix("https://"));
-                if rest.is_none_or(|r| r.is_empty()) {
+                // The node's HTTP client is built without TLS.
+                if url.strip_prefix("http://").is_none_or(str::is_empty) {
                     return Err(format!(
-                        "entry `{name}`: `{key}` must be an http:// or https:// address"
+                        "entry `{name}`: `{key}` must be an http:// address (https is not built in)"
                     ));
                 }
             }
@@ -857,21 +916,60 @@ mod tests {
         assert_eq!((m.timeout_secs, m.max_output_bytes), (60, 64 * 1024));
         for (entry, want) in [
             ("name = \"Files\"\ncommand = [\"x\"]", "lowercase"),
-            ("name = \"f\"\ncommand = []", "needs a program"),
+            (
+                "name = \"f\"\ncommand = []",
+                "needs `command` (a program) or `url`",
+            ),
             (
                 "name = \"f\"\ncommand = [\"x\"]\ntimeout_secs = 0",
                 "timeout_secs",
             ),
             (
                 "name = \"f\"\ncommand = [\"x\"]\nurl = \"http://h\"",
-                "unknown field",
+                "exactly one of",
             ),
+            ("name = \"f\"", "needs `command` (a program) or `url`"),
+            ("name = \"f\"\nurl = \"https://h/mcp\"", "http:// address"),
+            ("name = \"f\"\nurl = \"h:80\"", "http:// address"),
+            (
+                "name = \"f\"\nurl = \"http://h\"\nenv = { A = \"b\" }",
+                "`env` goes with `command`",
+            ),
+            (
+                "name = \"f\"\ncommand = [\"x\"]\nheaders = { A = \"b\" }",
+                "`headers` go with `url`",
+            ),
+            (
+                "name = \"f\"\nurl = \"http://h\"\nheaders = { \"a b\" = \"c\" }",
+                "not a valid HTTP header",
+            ),
+            (
+                "name = \"f\"\nurl = \"http://h\"\nheaders = { A = \"b\\nc\" }",
+                "not a valid HTTP header",
+            ),
+            (
+                "name = \"f\"\nurl = \"http://h\"\nheaders = { Mcp-Session-Id = \"1\" }",
+                "set by the MCP transport",
+            ),
+            ("name = \"f\"\ncommand = [\"x\"]\nport = 1", "unknown field"),
         ] {
             let e = NodeConfig::parse(&format!("[[agent.mcp]]\n{entry}\n"))
                 .expect_err(entry)
                 .to_string();
             assert!(e.contains(want), "{entry:?}: {e}");
         }
+        let http = NodeConfig::parse(
+            "[[agent.mcp]]\nname = \"web\"\nurl = \"http://127.0.0.1:8931/mcp\"\n\
+             headers = { Authorization = \"Bearer t0k\" }\n",
+        )
+        .unwrap();
+        let m = &http.agent.mcp[0];
+        assert_eq!(m.url.as_deref(), Some("http://127.0.0.1:8931/mcp"));
+        assert!(m.command.is_empty());
+        assert_eq!(
+            m.headers.get("Authorization").map(String::as_str),
+            Some("Bearer t0k")
+        );
         let dup = "[[agent.mcp]]\nname = \"f\"\ncommand = [\"a\"]\n\
                    [[agent.mcp]]\nname = \"f\"\ncommand = [\"b\"]\n";
         let e = NodeConfig::parse(dup).expect_err("duplicate").to_string();

@@ -5,7 +5,8 @@
 # `starling mcp --api COORDINATOR` over stdio, as a desktop assistant or IDE would
 # (test_mcp_client.py); the A2A client resolves the coordinator's agent card and speaks
 # JSON-RPC to it (test_a2a_client.py). A third node, alone, offers the tools of a stdio MCP
-# server it starts (parts_server.py) and answers through them (test_mcp_tools.py). A fourth
+# server it starts (parts_server.py) and answers through them (test_mcp_tools.py); a fifth
+# (fay) does the same with that server running over streamable HTTP. A fourth
 # fronts an A2A agent built with the a2a-sdk server (notes_a2a_server.py) as its executor
 # (test_a2a_executor.py, and node/tests/a2a_agent.rs against the server directly). Models:
 # the registry defaults from the model cache (fetched on first use).
@@ -128,6 +129,32 @@ start_node dora "$dora_quic" "$dora_api" \
 extra_toml=""
 wait_for dora "http://127.0.0.1:$dora_api/api/node"
 
+# fay is dora over MCP's streamable HTTP transport: the same server, already running at a
+# URL (parts_server.py --http), reached with a header the server logs on each call.
+stock_port=$(free_port)
+stock_log="$work/stock-calls.jsonl"
+"$venv/bin/python" "$root/tests/protocols/parts_server.py" "$stock_log" --http "$stock_port" \
+    >"$work/stock-mcp.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 200); do
+    grep -q "Uvicorn running on" "$work/stock-mcp.log" && break
+    sleep 0.1
+done
+fay_quic=$(free_port)
+fay_api=$(free_port)
+extra_toml="tools = []
+collaboration = \"chat\"
+allow_no_tool = false
+
+[[agent.mcp]]
+name = \"stock\"
+url = \"http://127.0.0.1:$stock_port/mcp\"
+headers = { X-Desk = \"fay\" }"
+start_node fay "$fay_quic" "$fay_api" \
+    "Spare parts desk: the status of spare parts, by part number." '["spare parts"]' ""
+extra_toml=""
+wait_for fay "http://127.0.0.1:$fay_api/api/node"
+
 # eve fronts an A2A agent built with the official a2a-sdk server (notes_a2a_server.py,
 # which logs every task it is given): `executor = "external:notes"`, so eve's card
 # advertises it and a question no node's documents hold goes to it (test_a2a_executor.py).
@@ -167,11 +194,12 @@ STARLING_TEST_PYTHON="$venv/bin/python" \
 
 STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" STARLING_EVE_API="127.0.0.1:$eve_api" \
     STARLING_NOTES_LOG="$notes_log" STARLING_DORA_API="127.0.0.1:$dora_api" \
-    STARLING_PARTS_LOG="$parts_log" STARLING_PARTS_SERVER="$root/tests/protocols/parts_server.py" \
+    STARLING_PARTS_LOG="$parts_log" STARLING_FAY_API="127.0.0.1:$fay_api" \
+    STARLING_STOCK_LOG="$stock_log" STARLING_PARTS_SERVER="$root/tests/protocols/parts_server.py" \
     STARLING_TEST_PYTHON="$venv/bin/python" \
     timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/protocols" "$@" || {
     status=$?
-    for n in basil ada dora eve; do
+    for n in basil ada dora eve fay; do
         echo "--- $n log" >&2
         tail -n 40 "$work/$n.log" >&2
     done

@@ -221,12 +221,11 @@ pub fn jsonrpc_endpoint(card: &Value) -> Result<String, String> {
                 .is_none_or(|v| v.starts_with("1."))
     });
     match found.and_then(|i| i.get("url")).and_then(Value::as_str) {
-        Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
-            Ok(url.to_owned())
-        }
-        Some(url) => Err(format!(
-            "its JSON-RPC interface `{url}` is not an http(s) URL"
+        Some(url) if url.starts_with("http://") => Ok(url.to_owned()),
+        Some(url) if url.starts_with("https://") => Err(format!(
+            "its JSON-RPC interface `{url}` needs TLS, which the node's HTTP client does not have"
         )),
+        Some(url) => Err(format!("its JSON-RPC interface `{url}` is not an http URL")),
         None => {
             let version = card
                 .get("protocolVersion")

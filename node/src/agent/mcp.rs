@@ -1,16 +1,20 @@
-//! MCP servers as tools (`[[agent.mcp]]`): the node starts each server as a child process,
-//! speaks MCP to it over stdio (the `rmcp` SDK), and offers every tool it lists to the
+//! MCP servers as tools (`[[agent.mcp]]`): the node starts each server as a child process
+//! and speaks MCP to it over stdio, or reaches a running one over streamable HTTP (both
+//! through the `rmcp` SDK), and offers every tool it lists to the
 //! executor as `SERVER_TOOL`, with the tool's own input schema. The executor's constrained
 //! decoding writes arguments that fit that schema; they are checked against it once more
 //! before the call, so a server never sees arguments its schema refuses.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use http::{HeaderName, HeaderValue};
 use rmcp::model::{CallToolRequestParams, ContentBlock};
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::TokioChildProcess;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::ServiceExt;
 use serde_json::Value;
 use tracing::{debug, info};
@@ -43,37 +47,27 @@ fn failed(name: &str, reason: impl Into<String>) -> ToolError {
     }
 }
 
-/// Starts the server of `config` and returns its tools. The server runs as long as one of
-/// them is held.
+/// Connects to the server of `config` (starting it when it is a command) and returns its
+/// tools. The connection (and a started server) lives as long as one of them is held.
 pub async fn start(config: &McpServerConfig) -> Result<Vec<Arc<dyn Tool>>, ToolError> {
     let name = &config.name;
-    let (program, args) = config
-        .command
-        .split_first()
-        .ok_or_else(|| failed(name, "`command` needs a program"))?;
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).envs(&config.env).kill_on_drop(true);
-    let transport = TokioChildProcess::new(cmd)
-        .map_err(|e| failed(name, format!("cannot start `{program}`: {e}")))?;
-    let connect = async {
-        let client = ()
-            .serve(transport)
-            .await
-            .map_err(|e| failed(name, format!("MCP handshake failed: {e}")))?;
-        let listed = client
-            .list_all_tools()
-            .await
-            .map_err(|e| failed(name, format!("cannot list its tools: {e}")))?;
-        Ok::<_, ToolError>((client, listed))
+    let (client, listed) = match &config.url {
+        Some(url) => {
+            let transport = StreamableHttpClientTransport::from_config(http_config(config, url)?);
+            handshake(name, transport).await?
+        }
+        None => {
+            let (program, args) = config
+                .command
+                .split_first()
+                .ok_or_else(|| failed(name, "`command` needs a program"))?;
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args).envs(&config.env).kill_on_drop(true);
+            let transport = TokioChildProcess::new(cmd)
+                .map_err(|e| failed(name, format!("cannot start `{program}`: {e}")))?;
+            handshake(name, transport).await?
+        }
     };
-    let (client, listed) = tokio::time::timeout(START_TIMEOUT, connect)
-        .await
-        .map_err(|_| {
-            failed(
-                name,
-                format!("no answer within {} s", START_TIMEOUT.as_secs()),
-            )
-        })??;
     let client: Client = Arc::new(client);
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     for t in listed {
@@ -107,6 +101,52 @@ pub async fn start(config: &McpServerConfig) -> Result<Vec<Arc<dyn Tool>>, ToolE
     }
     info!(server = %name, tools = tools.len(), "MCP server started");
     Ok(tools)
+}
+
+/// The streamable-HTTP transport's settings: `url`, and the entry's headers on every request.
+fn http_config(
+    config: &McpServerConfig,
+    url: &str,
+) -> Result<StreamableHttpClientTransportConfig, ToolError> {
+    let mut headers = HashMap::new();
+    for (key, value) in &config.headers {
+        let bad = |e: &dyn std::fmt::Display| failed(&config.name, format!("header `{key}`: {e}"));
+        headers.insert(
+            HeaderName::try_from(key.as_str()).map_err(|e| bad(&e))?,
+            HeaderValue::try_from(value.as_str()).map_err(|e| bad(&e))?,
+        );
+    }
+    Ok(StreamableHttpClientTransportConfig::with_uri(url.to_owned()).custom_headers(headers))
+}
+
+/// The MCP handshake over `transport` and the server's tool list, within [`START_TIMEOUT`].
+async fn handshake<T, E, A>(
+    name: &str,
+    transport: T,
+) -> Result<(RunningService<RoleClient, ()>, Vec<rmcp::model::Tool>), ToolError>
+where
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let connect = async {
+        let client = ()
+            .serve(transport)
+            .await
+            .map_err(|e| failed(name, format!("MCP handshake failed: {e}")))?;
+        let listed = client
+            .list_all_tools()
+            .await
+            .map_err(|e| failed(name, format!("cannot list its tools: {e}")))?;
+        Ok::<_, ToolError>((client, listed))
+    };
+    tokio::time::timeout(START_TIMEOUT, connect)
+        .await
+        .map_err(|_| {
+            failed(
+                name,
+                format!("no answer within {} s", START_TIMEOUT.as_secs()),
+            )
+        })?
 }
 
 /// `SERVER_TOOL`, with characters a tool name cannot hold replaced by `_`.
@@ -216,5 +256,76 @@ mod tests {
         let s = serde_json::json!({"status": "shipped"});
         assert_eq!(result_text(&[], Some(&s)), r#"{"status":"shipped"}"#);
         assert_eq!(result_text(&[], None), "");
+    }
+
+    fn http_entry(url: String) -> McpServerConfig {
+        McpServerConfig {
+            name: "stock".into(),
+            command: Vec::new(),
+            env: Default::default(),
+            url: Some(url),
+            headers: [("X-Desk".to_owned(), "fay".to_owned())].into(),
+            timeout_secs: 5,
+            max_output_bytes: 1024,
+        }
+    }
+
+    /// An HTTP endpoint that is not an MCP server: the node sends the configured headers,
+    /// fails with an error naming the server, and does not wait for the start timeout.
+    #[tokio::test]
+    async fn http_servers_get_the_headers_and_a_failed_handshake_is_named() {
+        use std::sync::Mutex;
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let record = seen.clone();
+        let app = axum::Router::new().route(
+            "/mcp",
+            axum::routing::post(move |headers: http::HeaderMap| async move {
+                let desk = headers.get("x-desk").and_then(|v| v.to_str().ok());
+                record.lock().unwrap().push(desk.unwrap_or("").to_owned());
+                (
+                    http::StatusCode::SERVICE_UNAVAILABLE,
+                    "down for maintenance",
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let started = tokio::time::Instant::now();
+        let err = start(&http_entry(format!("http://{addr}/mcp")))
+            .await
+            .err()
+            .expect("not an MCP server")
+            .to_string();
+        assert!(
+            err.contains("stock") && err.contains("handshake failed"),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < START_TIMEOUT,
+            "waited for the timeout: {err}"
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            !seen.is_empty() && seen.iter().all(|d| d == "fay"),
+            "{seen:?}"
+        );
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn an_http_server_nobody_runs_is_a_clear_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let err = start(&http_entry(format!("http://{addr}/mcp")))
+            .await
+            .err()
+            .expect("nothing listens")
+            .to_string();
+        assert!(
+            err.contains("stock") && err.contains("handshake failed"),
+            "{err}"
+        );
     }
 }
