@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::{json, Value};
-use starling_node::agent::tools::{ExternalAgent, ExternalTask, ToolError};
+use starling_node::agent::tools::{ExternalAgent, ExternalTask, Progress, ToolError};
 use starling_node::config::ExternalAgentConfig;
 
 fn root() -> PathBuf {
@@ -173,8 +173,13 @@ fn agent_with_timeout(url: &str, timeout_secs: u64) -> ExternalAgent {
 fn a_long_task_is_submitted_then_polled_until_its_answer() {
     let (service, url, mut lines) = http_example(&["--delay", "1.5"]);
     let a = agent_with_timeout(&format!("{url}/"), 30);
+    let reports = std::sync::Mutex::new(Vec::new());
+    let report = |p: Progress| reports.lock().unwrap().push(p);
     let got = rt()
-        .block_on(a.run(&task("How many litres does each nutrient tank hold?")))
+        .block_on(a.run_reporting(
+            &task("How many litres does each nutrient tank hold?"),
+            &report,
+        ))
         .expect("answer");
     assert_eq!(
         got,
@@ -185,6 +190,24 @@ fn a_long_task_is_submitted_then_polled_until_its_answer() {
         .strip_prefix("submitted ")
         .expect("submitted first");
     assert_eq!(lines.next().unwrap().unwrap(), format!("answered {id}"));
+    // Where the task stood while the node waited: `working` on submission, then each
+    // change of the agent's progress text, never the same report twice in a row.
+    let reports = reports.into_inner().unwrap();
+    assert_eq!(
+        reports.first(),
+        Some(&Progress {
+            state: "working",
+            text: None
+        }),
+        "{reports:?}"
+    );
+    assert!(
+        reports[1..]
+            .iter()
+            .any(|p| p.text.as_deref().is_some_and(|t| t.ends_with(" s left"))),
+        "{reports:?}"
+    );
+    assert!(reports.windows(2).all(|w| w[0] != w[1]), "{reports:?}");
     // What the example says while it works fits the reply schema.
     let v = schema("external-reply.schema.json");
     assert!(v.is_valid(&json!({"task_id": id, "status": "working", "progress": "1 s left"})));

@@ -255,3 +255,111 @@ async fn cancelling_a_task_stops_the_members_work_on_it() {
     }
     drop(dora);
 }
+
+/// A long task at the agent a node fronts (IoA's submit-and-poll contract, here the
+/// example HTTP agent with `--delay`): while the node waits, where the task stands goes
+/// out on the node's event stream, and the answer still comes back verbatim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
+    use starling_node::agent::runtime::AgentEvent;
+    use std::io::BufRead;
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let embedder = EmbedHandle::spawn(
+        BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
+    )
+    .unwrap();
+    let models = SharedModels {
+        chat: support::tiny_chat_model(d),
+        aliases: vec![],
+        embedder: Some(embedder),
+    };
+    /// The example agent's process, stopped when dropped.
+    struct Service(std::process::Child);
+    impl Drop for Service {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/http_agent.py");
+    let mut service = Service(
+        std::process::Command::new("python3")
+            .arg(&script)
+            .args(["--port", "0", "--delay", "1.5"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs"),
+    );
+    // Kept open to the end: the agent writes a line per task it takes.
+    let mut output = std::io::BufReader::new(service.0.stdout.take().unwrap());
+    let mut first = String::new();
+    output.read_line(&mut first).unwrap();
+    let url = first
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+
+    let secret = starling_discovery::SwarmSecret::generate().to_string();
+    let mut c = support::loopback_config(d, "eve", &secret, None);
+    c.agent.external.push(ExternalAgentConfig {
+        name: "station_notes".into(),
+        description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
+        skills: vec!["hydroponics".into()],
+        command: None,
+        url: Some(format!("{url}/")),
+        a2a: None,
+        timeout_secs: 30,
+        max_output_bytes: 64 * 1024,
+    });
+    c.agent.executor = "external:station_notes".into();
+    let eve = support::start(c, &models).await;
+    let start = Instant::now();
+    while eve.agent.known_cards().is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "own card not known"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut events = eve.agent.events();
+
+    let q = "How much do the hydroponic bay's nutrient tanks hold?";
+    let r = tokio::time::timeout(Duration::from_secs(60), eve.agent.submit(q))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(r.answer, TANK_NOTE, "{r:?}");
+    let mut seen = Vec::new();
+    while let Ok(ev) = events.try_recv() {
+        if let AgentEvent::AgentProgress {
+            group_id,
+            assignee,
+            agent,
+            state,
+            progress,
+            ..
+        } = ev
+        {
+            assert_eq!(group_id, r.group_id);
+            assert_eq!(
+                (assignee.as_str(), agent.as_str()),
+                ("eve", "station_notes")
+            );
+            seen.push((state, progress));
+        }
+    }
+    assert_eq!(
+        seen.first(),
+        Some(&("working".to_owned(), None)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(_, p)| p.as_deref().is_some_and(|p| p.ends_with(" s left"))),
+        "{seen:?}"
+    );
+    drop((service, output));
+}

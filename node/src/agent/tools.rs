@@ -20,7 +20,8 @@
 //! An HTTP agent may take long (IoA's `run(task) -> task_id` contract): it answers the
 //! POST with `{"task_id": "...", "status": "working"}` (or `submitted`), and the node polls
 //! `GET <url>/<task_id>` (after 0.5 s, doubling to 5 s) until the answer is no longer
-//! pending; the answer is then read as above. When the call's timeout passes first, or the
+//! pending (each change of its state or `progress` text is reported, see
+//! [`ExternalAgent::run_reporting`]); the answer is then read as above. When the call's timeout passes first, or the
 //! call is dropped (the task was cancelled), the node sends `DELETE <url>/<task_id>`.
 
 use std::fmt::Write as _;
@@ -827,9 +828,39 @@ enum Reply {
     Pending {
         /// Its id at the agent.
         task_id: String,
-        /// What it is doing, if it says.
-        progress: Option<String>,
+        /// Where it stands and what it is doing.
+        progress: Progress,
     },
+}
+
+/// Where a long task at an external agent stands, as the agent reports it while the node
+/// waits for the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// `submitted` or `working`.
+    pub state: &'static str,
+    /// What it is doing, if it says (one line, at most [`PROGRESS_CHARS`] characters).
+    pub text: Option<String>,
+}
+
+/// Longest progress text kept from an agent.
+pub const PROGRESS_CHARS: usize = 200;
+
+impl Progress {
+    fn new(state: &str, text: Option<String>) -> Self {
+        let text = text
+            .map(|t| {
+                let line = t.split_whitespace().collect::<Vec<_>>().join(" ");
+                line.chars().take(PROGRESS_CHARS).collect::<String>()
+            })
+            .filter(|t| !t.is_empty());
+        let state = if state == "submitted" {
+            "submitted"
+        } else {
+            "working"
+        };
+        Self { state, text }
+    }
 }
 
 /// First wait before polling a long task, doubled after each poll up to [`POLL_MAX`].
@@ -982,6 +1013,16 @@ impl ExternalAgent {
 
     /// Sends `task` and waits for the result.
     pub async fn run(&self, task: &ExternalTask) -> Result<String, ToolError> {
+        self.run_reporting(task, &|_| {}).await
+    }
+
+    /// [`run`](Self::run), calling `report` each time a long task's state or progress
+    /// text changes while the node waits for it.
+    pub async fn run_reporting(
+        &self,
+        task: &ExternalTask,
+        report: &(dyn Fn(Progress) + Send + Sync),
+    ) -> Result<String, ToolError> {
         let body = serde_json::to_vec(task).map_err(|e| self.fail(e.to_string()))?;
         match &self.transport {
             Transport::Command(cmd) => {
@@ -992,8 +1033,8 @@ impl ExternalAgent {
                         .fail("it answered with a pending task; only HTTP agents can be polled")),
                 }
             }
-            Transport::Http { url, client } => self.run_http(client, url, body).await,
-            Transport::A2a { agent, client } => self.run_a2a(agent, client, task).await,
+            Transport::Http { url, client } => self.run_http(client, url, body, report).await,
+            Transport::A2a { agent, client } => self.run_a2a(agent, client, task, report).await,
         }
     }
 
@@ -1004,6 +1045,7 @@ impl ExternalAgent {
         agent: &A2aAgent,
         client: &reqwest::Client,
         task: &ExternalTask,
+        report: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<String, ToolError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let a2a = |e: A2aError| match e {
@@ -1019,6 +1061,7 @@ impl ExternalAgent {
             Outcome::Running(id) => id,
         };
         debug!(tool = %self.name, task = %id, "A2A task running");
+        report(Progress::new("working", None));
         let mut guard = CancelOnDrop {
             agent: self,
             client: client.clone(),
@@ -1125,6 +1168,7 @@ impl ExternalAgent {
         client: &reqwest::Client,
         url: &str,
         body: Vec<u8>,
+        report: &(dyn Fn(Progress) + Send + Sync),
     ) -> Result<String, ToolError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let post = client
@@ -1138,6 +1182,8 @@ impl ExternalAgent {
         };
         let poll_url = format!("{}/{task_id}", url.trim_end_matches('/'));
         debug!(tool = %self.name, %poll_url, ?progress, "long task submitted");
+        report(progress.clone());
+        let mut last = progress;
         let mut guard = CancelOnDrop {
             agent: self,
             client: client.clone(),
@@ -1159,6 +1205,10 @@ impl ExternalAgent {
                 Reply::Done(text) => return Ok(text),
                 Reply::Pending { progress, .. } => {
                     debug!(tool = %self.name, ?progress, "long task still running");
+                    if progress != last {
+                        report(progress.clone());
+                        last = progress;
+                    }
                 }
             }
             wait = (wait * 2).min(POLL_MAX);
@@ -1229,7 +1279,7 @@ impl ExternalAgent {
                     return match reply.task_id {
                         Some(id) if valid_task_id(&id) => Ok(Reply::Pending {
                             task_id: id,
-                            progress: reply.progress,
+                            progress: Progress::new(status, reply.progress),
                         }),
                         _ => Err(self.fail(format!(
                             "its answer says `{status}` without a `task_id` of 1 to 128 \

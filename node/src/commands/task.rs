@@ -69,6 +69,7 @@ impl Follower {
             AgentEvent::TaskSubmitted { group_id, .. }
             | AgentEvent::TeamFormed { group_id, .. }
             | AgentEvent::TaskState { group_id, .. }
+            | AgentEvent::AgentProgress { group_id, .. }
             | AgentEvent::TurnLost { group_id, .. }
             | AgentEvent::Concluded { group_id, .. }
             | AgentEvent::TaskFailed { group_id, .. } => self.mine(group_id),
@@ -168,6 +169,25 @@ pub fn print_event(ev: &AgentEvent) {
             state,
             ..
         } => println!("  task {task_id} ({assignee}): {state:?}"),
+        AgentEvent::AgentProgress {
+            task_id,
+            assignee,
+            agent,
+            state,
+            progress,
+            ..
+        } => {
+            let task = if task_id.is_empty() {
+                String::new()
+            } else {
+                format!("task {task_id} ")
+            };
+            let said = progress
+                .as_deref()
+                .map(|p| format!(": {p}"))
+                .unwrap_or_default();
+            println!("  {task}({assignee}, agent {agent}): {state}{said}");
+        }
         AgentEvent::TurnLost { member, reason, .. } => {
             let why = match reason {
                 LostTurnReason::Timeout => "no answer in time",

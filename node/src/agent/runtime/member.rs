@@ -245,7 +245,9 @@ impl Agent {
                 description: req.task.desc.clone(),
                 context: req.goal.clone(),
             };
-            return self.ask_front(front, &task).await;
+            return self
+                .ask_front(front, &task, (&req.group_id, &req.task.id))
+                .await;
         }
         let spec = TaskSpec {
             task_id: format!("{}/{}", req.group_id, req.task.id),
@@ -298,9 +300,26 @@ impl Agent {
 
     /// Hands `task` to this node's third-party agent: its answer (or why it failed) as
     /// the reply, verbatim.
-    pub(super) async fn ask_front(&self, front: &ExternalAgent, task: &ExternalTask) -> TaskReply {
+    /// Hands `task` (task `task_id` of group `group_id`) to the external agent answering
+    /// for this node; a long task's progress goes out as [`AgentEvent::AgentProgress`].
+    pub(super) async fn ask_front(
+        &self,
+        front: &ExternalAgent,
+        task: &ExternalTask,
+        (group_id, task_id): (&str, &str),
+    ) -> TaskReply {
         tracing::info!(agent = %front.name(), task = %task.task_id, "task handed to the external agent");
-        let (ok, result) = match front.run(task).await {
+        let report = |p: Progress| {
+            self.emit(AgentEvent::AgentProgress {
+                group_id: group_id.to_owned(),
+                task_id: task_id.to_owned(),
+                assignee: self.0.name.clone(),
+                agent: front.name().to_owned(),
+                state: p.state.to_owned(),
+                progress: p.text,
+            })
+        };
+        let (ok, result) = match front.run_reporting(task, &report).await {
             Ok(answer) => (true, answer),
             Err(e) => {
                 tracing::info!(agent = %front.name(), error = %e, "external agent failed");

@@ -40,7 +40,7 @@ use super::grounded::{
     Planner, Route, SubQuestion,
 };
 use super::peers::Peers;
-use super::tools::{ExternalAgent, ExternalTask};
+use super::tools::{ExternalAgent, ExternalTask, Progress};
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
 use crate::llm::{Decide, Llm};
 use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
@@ -125,6 +125,23 @@ pub enum AgentEvent {
         assignee: String,
         /// New state.
         state: TaskState,
+    },
+    /// The external agent answering for this node reported where a long task stands
+    /// (IoA's `run(task) -> task_id` contract, or an A2A task still working).
+    AgentProgress {
+        /// Group id.
+        group_id: String,
+        /// Task id within the group (empty for a task the node was asked directly).
+        task_id: String,
+        /// The node's name.
+        assignee: String,
+        /// The external agent's name (`[[agent.external]]`).
+        agent: String,
+        /// `submitted` or `working`.
+        state: String,
+        /// What the agent says it is doing, if it says.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        progress: Option<String>,
     },
     /// A speaker lost its turn (it repeated earlier content, timed out or went down).
     TurnLost {
