@@ -1,6 +1,7 @@
 //! `Node::shutdown` owns the HTTP API's task: when it returns, the API's listener and its
-//! connections are closed, and a client holding a stream open (as the dashboard holds
-//! `/api/events`) delays it by at most `API_DRAIN`.
+//! connections are closed. A client holding `/api/events` open (as the dashboard does)
+//! gets a last `shutdown` event and a clean end of the stream; any other stream still
+//! open delays shutdown by at most `API_DRAIN`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -45,18 +46,25 @@ async fn shutdown_returns_with_the_api_closed_even_with_a_stream_open() {
         took < API_DRAIN + Duration::from_secs(5),
         "shutdown took {took:?} with a stream open"
     );
-    // Returned: the stream it held is closed (read to its end, not timed out) ...
+    // Returned: the stream it held was ended by the node, not cut: a last `shutdown`
+    // event, then the chunked body's terminating empty chunk, then the connection closed.
     events
         .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     let mut rest = Vec::new();
     let end = events.read_to_end(&mut rest);
     assert!(
-        end.is_ok()
-            || end
-                .as_ref()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        end.is_ok(),
         "the events stream is still open after shutdown: {end:?}"
+    );
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.contains("event: shutdown\n"),
+        "no shutdown event: {rest:?}"
+    );
+    assert!(
+        rest.ends_with("\r\n0\r\n\r\n"),
+        "the stream was cut, not ended: {rest:?}"
     );
     // ... and nothing listens on the API's address any more.
     let after = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2));

@@ -415,9 +415,12 @@ async fn task_result(
 }
 
 /// `GET /api/events`: server-sent events, one JSON [`crate::agent::runtime::AgentEvent`]
-/// per `data:` line, event name = its `event` field.
+/// per `data:` line, event name = its `event` field; when the node shuts down, a last
+/// `shutdown` event, then the stream ends.
 async fn events(State(s): State<NodeApi>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    use futures::StreamExt as _;
     let rx = s.node.agent.events();
+    let stopping = s.node.app.shutdown_token().clone();
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         let e = match rx.recv().await {
             Ok(ev) => {
@@ -432,6 +435,14 @@ async fn events(State(s): State<NodeApi>) -> Sse<impl Stream<Item = Result<Event
         };
         Some((Ok(e), rx))
     });
+    // When the node shuts down the stream says so and ends cleanly, so the server's
+    // graceful shutdown does not wait on it.
+    let last = Event::default()
+        .event("shutdown")
+        .data("{\"event\":\"shutdown\"}");
+    let stream = stream
+        .take_until(stopping.cancelled_owned())
+        .chain(futures::stream::once(async move { Ok(last) }));
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 

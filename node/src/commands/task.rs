@@ -254,6 +254,9 @@ pub fn run(args: TaskArgs, chat: bool) -> anyhow::Result<()> {
                     tracing::debug!(missed, "events missed; asking the node for the task");
                     outcome(&args.node, &mut f, &sub.group_id).await?
                 }
+                Some(Incoming::Shutdown) => {
+                    anyhow::bail!("the node shut down before the task concluded")
+                }
                 // The stream ended (the node stopping, a proxy timing out): the task may
                 // have ended before it did.
                 None => match outcome(&args.node, &mut f, &sub.group_id).await? {
@@ -281,10 +284,13 @@ pub enum Incoming {
     Event(Box<AgentEvent>),
     /// The node dropped this many events for this subscriber, which fell behind.
     Lagged(u64),
+    /// The node is shutting down; the stream ends after this.
+    Shutdown,
 }
 
 /// Decodes `GET /api/events`: server-sent events whose data is one JSON [`AgentEvent`],
-/// and `lagged` when the node dropped some. Events this version does not know are skipped;
+/// `lagged` when the node dropped some and `shutdown` last when it stops. Events this
+/// version does not know are skipped;
 /// a broken stream is an error.
 pub fn decode_events<S, B, E>(bytes: S) -> impl Stream<Item = anyhow::Result<Incoming>>
 where
@@ -302,6 +308,7 @@ where
                     .unwrap_or(0);
                 Some(Ok(Incoming::Lagged(missed)))
             }
+            Ok(ev) if ev.event == "shutdown" => Some(Ok(Incoming::Shutdown)),
             Ok(ev) => serde_json::from_str::<AgentEvent>(&ev.data)
                 .ok()
                 .map(|e| Ok(Incoming::Event(Box::new(e)))),
@@ -443,8 +450,12 @@ mod tests {
             b"event: lagged\ndata: {\"event\":\"lagged\",\"missed\":17}\n\n".to_vec(),
             b"event: from_the_future\ndata: {\"event\":\"from_the_future\"}\n\n: keep-alive\n\n"
                 .to_vec(),
+            b"event: shutdown\ndata: {\"event\":\"shutdown\"}\n\n".to_vec(),
         ]);
-        assert!(matches!(got.as_slice(), [Incoming::Lagged(17)]), "{got:?}");
+        assert!(
+            matches!(got.as_slice(), [Incoming::Lagged(17), Incoming::Shutdown]),
+            "{got:?}"
+        );
     }
 
     #[test]
