@@ -5,7 +5,6 @@
 //! the HTTP API (OpenAI-compatible routes + node API). [`Node::shutdown`] leaves the swarm
 //! gracefully so peers see a clean departure instead of a failure.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +20,7 @@ use starling_models::engine::ModelSlot;
 use crate::agent::executor::{Executor, ExecutorConfig};
 use crate::agent::runtime::{Agent, AgentOptions};
 use crate::agent::tools::ToolBox;
+use crate::api::node::NodeHandles;
 use crate::api::{self, ApiConfig, AppState};
 use crate::config::NodeConfig;
 use crate::llm::Llm;
@@ -134,14 +134,12 @@ pub struct SharedModels {
     pub embedder: Option<EmbedHandle>,
 }
 
-/// What a running node shares with its API handlers and agent runtime.
+/// What a running node shares with its API handlers and agent runtime. Derefs to its
+/// [`NodeHandles`] (swarm, models, agent, API address, start time): the part the API's
+/// node routes get.
 pub struct NodeInner {
-    /// The swarm handle.
-    pub swarm: Swarm,
-    /// The served models and API counters.
-    pub app: AppState,
-    /// The agent runtime.
-    pub agent: Agent,
+    /// What the API's node routes reach.
+    pub handles: NodeHandles,
     /// Shared memories (prompt-answer pairs) of the swarm.
     pub memory: crate::memory::MemoryBook,
     /// The effective configuration.
@@ -150,14 +148,17 @@ pub struct NodeInner {
     pub data_dir: PathBuf,
     /// Model cache home (`--home`).
     pub home: PathBuf,
-    /// The HTTP API's bound address.
-    pub api_addr: SocketAddr,
-    /// When the node started.
-    pub started: Instant,
     /// Fires on shutdown.
     pub cancel: CancellationToken,
     /// The HTTP API's task: [`Node::shutdown`] awaits it; dropping the node aborts it.
     api_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::ops::Deref for NodeInner {
+    type Target = NodeHandles;
+    fn deref(&self) -> &NodeHandles {
+        &self.handles
+    }
 }
 
 impl Drop for NodeInner {
@@ -206,6 +207,9 @@ impl Node {
             api_keys: config.api.keys.clone(),
             ..ApiConfig::default()
         };
+        // What the config says about the chat model: loaded here, and what a model
+        // switch through the API starts from.
+        let model = ModelOptions::from_config(&config);
         let app = match &opts.models {
             Some(m) => {
                 let app = AppState::new(api_config)
@@ -216,7 +220,7 @@ impl Node {
             }
             None => {
                 let home = opts.home.clone();
-                let model = ModelOptions::from_config(&config);
+                let model = model.clone();
                 let embedding =
                     Some(config.models.embedding.clone()).filter(|s| !s.trim().is_empty());
                 tokio::task::spawn_blocking(move || {
@@ -230,7 +234,7 @@ impl Node {
         // the configured model's directory and `[models] dirs` only.
         let app = app.with_model_switch(loading::model_switch(
             &opts.home,
-            &ModelOptions::from_config(&config),
+            &model,
             &config.models.dirs,
         ));
         let node_store =
@@ -349,30 +353,27 @@ impl Node {
             threshold: config.memory.threshold,
             ..crate::memory::AdmissionConfig::default()
         };
-        let node = Node(Arc::new(NodeInner {
+        let handles = NodeHandles {
             swarm,
             app: app.clone(),
             agent,
-            memory: memory.clone(),
+            api_addr,
+            started: Instant::now(),
+        };
+        let routes = api::router_with(
+            app.clone(),
+            crate::api::node::router(handles.clone())
+                .merge(crate::api::memories::routes(memory.clone(), admission)),
+        );
+        let node = Node(Arc::new(NodeInner {
+            handles,
+            memory,
             config,
             data_dir,
             home: opts.home.clone(),
-            api_addr,
-            started: Instant::now(),
             cancel: cancel.clone(),
             api_task: std::sync::Mutex::new(None),
         }));
-        let routes = api::router_with(
-            app.clone(),
-            crate::api::node::router(crate::api::node::NodeHandles {
-                swarm: node.swarm.clone(),
-                app: node.app.clone(),
-                agent: node.agent.clone(),
-                api_addr: node.api_addr,
-                started: node.started,
-            })
-            .merge(crate::api::memories::routes(memory, admission)),
-        );
         let api_cancel = cancel.clone();
         let api_task = tokio::spawn(async move {
             if let Err(e) = api::serve_router_on(listener, app, routes, api_cancel).await {
