@@ -187,12 +187,28 @@ start_node eve "$eve_quic" "$eve_api" \
 extra_toml=""
 wait_for eve "http://127.0.0.1:$eve_api/api/node"
 
+# `starling mcp --http`: the MCP adapter for ada over streamable HTTP, on a free loopback
+# port (test_mcp_client.py connects to it by URL).
+mcp_port=$(free_port)
+"$bin" mcp --api "127.0.0.1:$ada_api" --http "127.0.0.1:$mcp_port" >"$work/mcp-http.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 200); do
+    grep -q "^MCP server listening on " "$work/mcp-http.log" && break
+    sleep 0.1
+done
+mcp_url=$(sed -n 's/^MCP server listening on //p' "$work/mcp-http.log")
+if [ -z "$mcp_url" ]; then
+    echo "starling mcp --http did not start:" >&2
+    cat "$work/mcp-http.log" >&2
+    exit 1
+fi
+
 # The node as an A2A client, against the a2a-sdk server directly (ignored in a plain
 # `cargo test`: they need this virtual environment).
 STARLING_TEST_PYTHON="$venv/bin/python" \
     cargo test --quiet -p starling-node --test a2a_agent -- --ignored
 
-STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" STARLING_EVE_API="127.0.0.1:$eve_api" \
+STARLING_BIN="$bin" STARLING_API="127.0.0.1:$ada_api" STARLING_MCP_URL="$mcp_url" STARLING_EVE_API="127.0.0.1:$eve_api" \
     STARLING_NOTES_LOG="$notes_log" STARLING_DORA_API="127.0.0.1:$dora_api" \
     STARLING_PARTS_LOG="$parts_log" STARLING_FAY_API="127.0.0.1:$fay_api" \
     STARLING_STOCK_LOG="$stock_log" STARLING_PARTS_SERVER="$root/tests/protocols/parts_server.py" \

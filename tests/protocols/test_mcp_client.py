@@ -161,3 +161,33 @@ def test_structured_results_validate_against_json():
 
     for r in run(go()):
         jsonschema.validate(r.structured_content, {"type": "object"})
+
+
+def test_the_same_server_over_streamable_http():
+    """`starling mcp --http` (started by run.sh): the same tools at a URL, as an IDE that
+    connects to a running MCP server uses them; the answer again crosses the swarm."""
+
+    async def go():
+        async with Client(os.environ["STARLING_MCP_URL"]) as client:
+            tools = (await client.list_tools()).tools
+            answer = await client.call_tool(
+                "ask_swarm",
+                {"question": "At what temperature do moonflower seeds germinate best?"},
+            )
+            return tools, answer
+
+    tools, r = run(go())
+    assert {t.name for t in tools} == {"ask_swarm", "search_agents", "search_memories"}
+    assert not r.is_error, text_of(r)
+    assert "24" in r.structured_content["answer"], r.structured_content
+    assert "basil" in r.structured_content["members"]
+
+
+def test_http_mode_refuses_an_address_off_loopback():
+    import subprocess
+
+    out = subprocess.run(
+        [BIN, "mcp", "--api", API, "--http", "0.0.0.0:0"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode != 0
+    assert "loopback" in out.stderr, out.stderr

@@ -1,5 +1,8 @@
-//! `starling mcp`: the running node as a Model Context Protocol server on stdio, so desktop
-//! assistants and IDEs can put questions to the swarm.
+//! `starling mcp`: the running node as a Model Context Protocol server, so desktop
+//! assistants and IDEs can put questions to the swarm: on stdio (the client starts this
+//! process), or with `--http ADDR` over MCP's streamable HTTP transport at
+//! `http://ADDR/mcp` (loopback only; the SDK also refuses requests whose `Host` is not a
+//! loopback name, against DNS rebinding).
 //!
 //! The process is an adapter: each tool call becomes a request to the node's HTTP API
 //! (`POST /api/tasks`, `GET /api/cards`, `GET /api/memories`), the same API `starling task`
@@ -7,6 +10,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Args;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -34,6 +38,11 @@ pub struct McpArgs {
     /// cancelled on the node after that.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub task_timeout: u64,
+    /// Serve over streamable HTTP at `http://ADDR/mcp` instead of stdio, until Ctrl-C or
+    /// SIGTERM. A loopback address: whoever reaches it uses the node with this adapter's
+    /// API key.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
 }
 
 /// How often a running task is looked at.
@@ -311,10 +320,21 @@ fn failure(msg: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(msg.into())])
 }
 
-/// Serves MCP on stdin/stdout until the client closes it.
+/// Serves MCP on stdin/stdout until the client closes it, or with `--http` on that address
+/// until stopped.
 pub fn run(args: McpArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.http {
+        anyhow::ensure!(
+            addr.ip().is_loopback(),
+            "--http {addr}: use a loopback address (127.0.0.1 or ::1); whoever reaches it \
+             uses the node with this adapter's API key"
+        );
+    }
     super::block_on(async move {
         let tools = SwarmTools::new(args.node, Duration::from_secs(args.task_timeout.max(1)));
+        if let Some(addr) = args.http {
+            return serve_http(tools, addr).await;
+        }
         let service = tools
             .serve(rmcp::transport::stdio())
             .await
@@ -325,4 +345,33 @@ pub fn run(args: McpArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("MCP session ended with an error: {e}"))?;
         anyhow::Ok(())
     })?
+}
+
+/// Serves MCP's streamable HTTP transport at `http://addr/mcp` until Ctrl-C or SIGTERM;
+/// each session gets its own [`SwarmTools`], and a request the client drops cancels its
+/// tool call (and the task on the node).
+async fn serve_http(tools: SwarmTools, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let stop = CancellationToken::new();
+    let service = StreamableHttpService::new(
+        move || Ok(tools.clone()),
+        std::sync::Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token()),
+    );
+    let app = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    eprintln!("MCP server listening on http://{local}/mcp");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            super::wait_for_stop_signal().await;
+            stop.cancel();
+        })
+        .await
+        .context("the MCP HTTP server failed")
 }
