@@ -94,6 +94,16 @@ PY
     return 1
 }
 
+# wait_line FILE PATTERN: until FILE (a started process's output) has a line matching
+# PATTERN (grep -E), for up to 20 s; the caller checks what it needs from the file.
+wait_line() {
+    for _ in $(seq 1 200); do
+        grep -q -E "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 0
+}
+
 # basil holds the documents; ada, which the MCP client talks to, holds none and must
 # recruit basil through the swarm.
 basil_quic=$(free_port)
@@ -136,10 +146,7 @@ stock_log="$work/stock-calls.jsonl"
 "$venv/bin/python" "$root/tests/protocols/parts_server.py" "$stock_log" --http "$stock_port" \
     >"$work/stock-mcp.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 200); do
-    grep -q "Uvicorn running on" "$work/stock-mcp.log" && break
-    sleep 0.1
-done
+wait_line "$work/stock-mcp.log" "Uvicorn running on"
 fay_quic=$(free_port)
 fay_api=$(free_port)
 extra_toml="tools = []
@@ -162,10 +169,7 @@ notes_log="$work/notes-a2a.jsonl"
 "$venv/bin/python" "$root/tests/protocols/notes_a2a_server.py" "$notes_log" \
     >"$work/notes-a2a.out" 2>"$work/notes-a2a.log" &
 pids+=($!)
-for _ in $(seq 1 200); do
-    grep -q "^listening on " "$work/notes-a2a.out" && break
-    sleep 0.1
-done
+wait_line "$work/notes-a2a.out" "^listening on "
 notes_url=$(sed -n 's/^listening on //p' "$work/notes-a2a.out")
 if [ -z "$notes_url" ]; then
     echo "the A2A agent did not start:" >&2
@@ -192,10 +196,7 @@ wait_for eve "http://127.0.0.1:$eve_api/api/node"
 mcp_port=$(free_port)
 "$bin" mcp --api "127.0.0.1:$ada_api" --http "127.0.0.1:$mcp_port" >"$work/mcp-http.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 200); do
-    grep -q "^MCP server listening on " "$work/mcp-http.log" && break
-    sleep 0.1
-done
+wait_line "$work/mcp-http.log" "^MCP server listening on "
 mcp_url=$(sed -n 's/^MCP server listening on //p' "$work/mcp-http.log")
 if [ -z "$mcp_url" ]; then
     echo "starling mcp --http did not start:" >&2

@@ -49,19 +49,24 @@ fn tasks_logged(log: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_third_party_agent_is_recruited_and_quoted_verbatim() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// The tiny chat model and the real embedder (cards are matched by meaning).
+fn models_with_embedder(d: &Path) -> SharedModels {
     let embedder = EmbedHandle::spawn(
         BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
     )
     .unwrap();
-    let models = SharedModels {
+    SharedModels {
         chat: support::tiny_chat_model(d),
         aliases: vec![],
         embedder: Some(embedder),
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_party_agent_is_recruited_and_quoted_verbatim() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let models = models_with_embedder(d);
     let secret = starling_discovery::SwarmSecret::generate().to_string();
     let log = d.join("tasks.log");
 
@@ -266,15 +271,7 @@ async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let embedder = EmbedHandle::spawn(
-        BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
-    )
-    .unwrap();
-    let models = SharedModels {
-        chat: support::tiny_chat_model(d),
-        aliases: vec![],
-        embedder: Some(embedder),
-    };
+    let models = models_with_embedder(d);
     /// The example agent's process, stopped when dropped.
     struct Service(std::process::Child);
     impl Drop for Service {

@@ -270,6 +270,16 @@ mod tests {
         }
     }
 
+    /// `start`'s error for the `stock` entry: it names the server and the failed handshake.
+    fn handshake_error(started: Result<Vec<Arc<dyn Tool>>, ToolError>) -> String {
+        let err = started.err().expect("no MCP server there").to_string();
+        assert!(
+            err.contains("stock") && err.contains("handshake failed"),
+            "{err}"
+        );
+        err
+    }
+
     /// An HTTP endpoint that is not an MCP server: the node sends the configured headers,
     /// fails with an error naming the server, and does not wait for the start timeout.
     #[tokio::test]
@@ -292,15 +302,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
         let started = tokio::time::Instant::now();
-        let err = start(&http_entry(format!("http://{addr}/mcp")))
-            .await
-            .err()
-            .expect("not an MCP server")
-            .to_string();
-        assert!(
-            err.contains("stock") && err.contains("handshake failed"),
-            "{err}"
-        );
+        let err = handshake_error(start(&http_entry(format!("http://{addr}/mcp"))).await);
         assert!(
             started.elapsed() < START_TIMEOUT,
             "waited for the timeout: {err}"
@@ -318,14 +320,6 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let err = start(&http_entry(format!("http://{addr}/mcp")))
-            .await
-            .err()
-            .expect("nothing listens")
-            .to_string();
-        assert!(
-            err.contains("stock") && err.contains("handshake failed"),
-            "{err}"
-        );
+        handshake_error(start(&http_entry(format!("http://{addr}/mcp"))).await);
     }
 }

@@ -21,8 +21,9 @@
 //! POST with `{"task_id": "...", "status": "working"}` (or `submitted`), and the node polls
 //! `GET <url>/<task_id>` (after 0.5 s, doubling to 5 s) until the answer is no longer
 //! pending (each change of its state or `progress` text is reported, see
-//! [`ExternalAgent::run_reporting`]); the answer is then read as above. When the call's timeout passes first, or the
-//! call is dropped (the task was cancelled), the node sends `DELETE <url>/<task_id>`.
+//! [`ExternalAgent::run_reporting`]); the answer is then read as above. When the call's
+//! timeout passes first, or the call is dropped (the task was cancelled), the node sends
+//! `DELETE <url>/<task_id>`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

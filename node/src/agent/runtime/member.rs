@@ -298,10 +298,9 @@ impl Agent {
         }
     }
 
-    /// Hands `task` to this node's third-party agent: its answer (or why it failed) as
-    /// the reply, verbatim.
-    /// Hands `task` (task `task_id` of group `group_id`) to the external agent answering
-    /// for this node; a long task's progress goes out as [`AgentEvent::AgentProgress`].
+    /// Hands `task` (task `task_id` of group `group_id`) to this node's third-party agent:
+    /// its answer (or why it failed) is the reply, verbatim, and a long task's progress goes
+    /// out as [`AgentEvent::AgentProgress`] meanwhile.
     pub(super) async fn ask_front(
         &self,
         front: &ExternalAgent,
