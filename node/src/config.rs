@@ -732,6 +732,17 @@ fn check_limits(name: &str, timeout_secs: u64, max_output_bytes: usize) -> Resul
     Ok(())
 }
 
+/// Checks that entry `name`'s `key` is an `http://` address: the node's HTTP client is
+/// built without TLS.
+fn check_http_url(name: &str, key: &str, url: &str) -> Result<(), String> {
+    if url.strip_prefix("http://").is_none_or(str::is_empty) {
+        return Err(format!(
+            "entry `{name}`: `{key}` must be an http:// address (https is not built in)"
+        ));
+    }
+    Ok(())
+}
+
 impl McpServerConfig {
     /// Checks one entry; the message names the entry and what is wrong.
     fn check(&self) -> Result<(), String> {
@@ -757,12 +768,7 @@ impl McpServerConfig {
                 if !self.env.is_empty() {
                     return Err(format!("entry `{name}`: `env` goes with `command`"));
                 }
-                // The node's HTTP client is built without TLS.
-                if url.strip_prefix("http://").is_none_or(str::is_empty) {
-                    return Err(format!(
-                        "entry `{name}`: `url` must be an http:// address (https is not built in)"
-                    ));
-                }
+                check_http_url(name, "url", url)?;
                 for (key, value) in &self.headers {
                     let valid = !key.is_empty()
                         && key
@@ -813,12 +819,7 @@ impl ExternalAgentConfig {
             }
             (None, Some(url), None) | (None, None, Some(url)) => {
                 let key = if self.url.is_some() { "url" } else { "a2a" };
-                // The node's HTTP client is built without TLS.
-                if url.strip_prefix("http://").is_none_or(str::is_empty) {
-                    return Err(format!(
-                        "entry `{name}`: `{key}` must be an http:// address (https is not built in)"
-                    ));
-                }
+                check_http_url(name, key, url)?;
             }
             _ => {
                 return Err(format!(

@@ -104,6 +104,21 @@ wait_line() {
     return 0
 }
 
+# announced_url OUT PREFIX WHAT LOG: the URL a started process announces in OUT on a line
+# "PREFIX<url>" (waited for as wait_line does); when it never comes, says WHAT did not
+# start, shows LOG and fails.
+announced_url() {
+    wait_line "$1" "^$2"
+    local url
+    url=$(sed -n "s/^$2//p" "$1")
+    if [ -z "$url" ]; then
+        echo "$3 did not start:" >&2
+        cat "$4" >&2
+        return 1
+    fi
+    echo "$url"
+}
+
 # basil holds the documents; ada, which the MCP client talks to, holds none and must
 # recruit basil through the swarm.
 basil_quic=$(free_port)
@@ -169,13 +184,8 @@ notes_log="$work/notes-a2a.jsonl"
 "$venv/bin/python" "$root/tests/protocols/notes_a2a_server.py" "$notes_log" \
     >"$work/notes-a2a.out" 2>"$work/notes-a2a.log" &
 pids+=($!)
-wait_line "$work/notes-a2a.out" "^listening on "
-notes_url=$(sed -n 's/^listening on //p' "$work/notes-a2a.out")
-if [ -z "$notes_url" ]; then
-    echo "the A2A agent did not start:" >&2
-    cat "$work/notes-a2a.log" >&2
-    exit 1
-fi
+notes_url=$(announced_url "$work/notes-a2a.out" "listening on " "the A2A agent" \
+    "$work/notes-a2a.log") || exit 1
 eve_quic=$(free_port)
 eve_api=$(free_port)
 extra_toml="executor = \"external:notes\"
@@ -196,13 +206,8 @@ wait_for eve "http://127.0.0.1:$eve_api/api/node"
 mcp_port=$(free_port)
 "$bin" mcp --api "127.0.0.1:$ada_api" --http "127.0.0.1:$mcp_port" >"$work/mcp-http.log" 2>&1 &
 pids+=($!)
-wait_line "$work/mcp-http.log" "^MCP server listening on "
-mcp_url=$(sed -n 's/^MCP server listening on //p' "$work/mcp-http.log")
-if [ -z "$mcp_url" ]; then
-    echo "starling mcp --http did not start:" >&2
-    cat "$work/mcp-http.log" >&2
-    exit 1
-fi
+mcp_url=$(announced_url "$work/mcp-http.log" "MCP server listening on " \
+    "starling mcp --http" "$work/mcp-http.log") || exit 1
 
 # The node as an A2A client, against the a2a-sdk server directly (ignored in a plain
 # `cargo test`: they need this virtual environment).
