@@ -205,7 +205,7 @@ pub enum AgentEvent {
 }
 
 /// `agent`/`speak` request: the host asks a member for its decision.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpeakRequest {
     /// Group.
     pub group_id: String,
@@ -230,7 +230,7 @@ pub struct SpeakRequest {
 }
 
 /// `agent`/`task` request.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRequest {
     /// Group.
     pub group_id: String,
@@ -249,7 +249,7 @@ pub struct TaskRequest {
 }
 
 /// `agent`/`task` reply.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskReply {
     /// Success.
     pub ok: bool,
@@ -268,14 +268,14 @@ pub struct TaskReply {
 
 /// `agent`/`locate` request: which units of your documents answer these sub-questions?
 /// Answered from the documents alone (no model), so probing the swarm is cheap.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LocateRequest {
     /// The sub-questions.
     pub subs: Vec<SubQuestion>,
 }
 
 /// `agent`/`locate` reply: per sub-question, the best units (at most [`grounded::LOCATE_K`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LocateReply {
     /// Per sub-question, in order.
     pub hits: Vec<Vec<Located>>,
@@ -300,7 +300,7 @@ pub const FAILED: &str = "failed";
 const RESUMABLE_GROUPS: usize = 50;
 
 /// `agent`/`message` notification.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MessageNote {
     /// Goal, so a member can show the group.
     pub goal: String,
@@ -1047,3 +1047,5 @@ pub fn new_group_id() -> String {
 
 #[cfg(test)]
 mod sim_tests;
+#[cfg(test)]
+mod wire_tests;
