@@ -300,7 +300,10 @@ async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
         .to_owned();
 
     let secret = starling_discovery::SwarmSecret::generate().to_string();
-    let mut c = support::loopback_config(d, "eve", &secret, None);
+    let mut c = support::loopback_config(d, "ada", &secret, None);
+    c.agent.description = "Coordinates the station's questions.".into();
+    let ada = support::start(c, &models).await;
+    let mut c = support::loopback_config(d, "eve", &secret, Some(&ada));
     c.agent.external.push(ExternalAgentConfig {
         name: "station_notes".into(),
         description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
@@ -358,5 +361,48 @@ async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
             .any(|(_, p)| p.as_deref().is_some_and(|p| p.ends_with(" s left"))),
         "{seen:?}"
     );
-    drop((service, output));
+
+    // Asked of ada, who hosts the group and routes the question to eve's agent: ada's
+    // watchers see the progress too, in eve's name.
+    let start = Instant::now();
+    while ada.agent.known_cards().len() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "cards not learned"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut events = ada.agent.events();
+    let r = tokio::time::timeout(Duration::from_secs(60), ada.agent.submit(q))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!(r.answer, TANK_NOTE, "{r:?}");
+    assert_eq!(r.citations[0].node, "eve", "{r:?}");
+    let mut seen = Vec::new();
+    while let Ok(ev) = events.try_recv() {
+        if let AgentEvent::AgentProgress {
+            group_id,
+            task_id,
+            assignee,
+            agent,
+            progress,
+            ..
+        } = ev
+        {
+            assert_eq!(group_id, r.group_id);
+            assert!(!task_id.is_empty(), "a task of ada's group");
+            assert_eq!(
+                (assignee.as_str(), agent.as_str()),
+                ("eve", "station_notes")
+            );
+            seen.push(progress);
+        }
+    }
+    assert!(
+        seen.iter()
+            .any(|p| p.as_deref().is_some_and(|p| p.ends_with(" s left"))),
+        "{seen:?}"
+    );
+    drop((service, output, eve));
 }

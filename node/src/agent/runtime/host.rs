@@ -545,7 +545,7 @@ impl Agent {
         timeout: Duration,
     ) -> Result<TaskReply, String> {
         if assignee == self.0.me {
-            return tokio::time::timeout(timeout, self.do_task(req))
+            return tokio::time::timeout(timeout, self.do_task(req, None))
                 .await
                 .map_err(|_| "timed out".to_string());
         }

@@ -200,7 +200,9 @@ impl Agent {
             description: task.clone(),
             context: String::new(),
         };
-        let reply = self.ask_front(front, &external, (&group_id, "")).await;
+        let reply = self
+            .ask_front(front, &external, (&group_id, ""), None)
+            .await;
         let mut inquiry = Inquiry::new(&task, &self.0.me, vec![(sub, route)]);
         inquiry.record_reply(&self.0.me, &task, reply.ok.then_some(reply.result));
         self.concluded_alone(group_id, self.named(inquiry.answer()))

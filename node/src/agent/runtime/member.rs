@@ -83,7 +83,7 @@ impl Agent {
                     group_id: r.group_id.clone(),
                     task_id: r.task.id.clone(),
                 };
-                let reply = self.do_task(&r).await;
+                let reply = self.do_task(&r, Some(&from)).await;
                 unfinished.agent = None;
                 tracing::info!(from = %req.from.short(), task = %r.task.id, ok = reply.ok, "task done");
                 serde_json::to_vec(&reply).map_err(|e| rpc_err(RpcErrorCode::Internal, e))
@@ -146,6 +146,41 @@ impl Agent {
                     tracing::warn!(error = %e, "cannot store a group");
                 }
                 self.record_message(&n).await;
+                Ok(Vec::new())
+            }
+            "progress" => {
+                let n: ProgressNote = serde_json::from_slice(&req.body)
+                    .map_err(|e| rpc_err(RpcErrorCode::BadRequest, e))?;
+                if !matches!(n.state.as_str(), "submitted" | "working") {
+                    return Err(rpc_err(
+                        RpcErrorCode::BadRequest,
+                        "state must be submitted or working",
+                    ));
+                }
+                // Only the assignee of a task this node hosts, while the task runs.
+                let key = format!("{}/{}", n.group_id, n.task_id);
+                let running = match self.0.store.task::<serde_json::Value>(&key).await {
+                    Ok(Some(t)) => t.state == "running" && t.assignee.as_deref() == Some(&from),
+                    Ok(None) => false,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read a task");
+                        false
+                    }
+                };
+                if !running {
+                    return Err(rpc_err(
+                        RpcErrorCode::BadRequest,
+                        "no running task of that group is assigned to the caller",
+                    ));
+                }
+                self.emit(AgentEvent::AgentProgress {
+                    group_id: n.group_id,
+                    task_id: n.task_id,
+                    assignee: self.name_of(&from),
+                    agent: n.agent.chars().take(MAX_AGENT_NAME_CHARS).collect(),
+                    state: n.state,
+                    progress: n.progress.map(|p| p.chars().take(PROGRESS_CHARS).collect()),
+                });
                 Ok(Vec::new())
             }
             other => Err(rpc_err(
@@ -211,7 +246,10 @@ impl Agent {
     }
 
     /// Runs a task assigned to this node.
-    pub(super) async fn do_task(&self, req: &TaskRequest) -> TaskReply {
+    ///
+    /// `host` is the node that asked for it (`None`: this node hosts the group), to which
+    /// a third-party agent's progress on it is forwarded.
+    pub(super) async fn do_task(&self, req: &TaskRequest, host: Option<&str>) -> TaskReply {
         if self.asks_person(false) {
             let q = format!("Group goal: {}\nYour task: {}", req.goal, req.task.desc);
             match self.ask_person(&req.group_id, "task", q).await {
@@ -246,7 +284,7 @@ impl Agent {
                 context: req.goal.clone(),
             };
             return self
-                .ask_front(front, &task, (&req.group_id, &req.task.id))
+                .ask_front(front, &task, (&req.group_id, &req.task.id), host)
                 .await;
         }
         let spec = TaskSpec {
@@ -300,25 +338,60 @@ impl Agent {
 
     /// Hands `task` (task `task_id` of group `group_id`) to this node's third-party agent:
     /// its answer (or why it failed) is the reply, verbatim, and a long task's progress goes
-    /// out as [`AgentEvent::AgentProgress`] meanwhile.
+    /// out as [`AgentEvent::AgentProgress`] meanwhile, here and, as `progress` notes, to
+    /// `host` when another node hosts the group.
     pub(super) async fn ask_front(
         &self,
         front: &ExternalAgent,
         task: &ExternalTask,
         (group_id, task_id): (&str, &str),
+        host: Option<&str>,
     ) -> TaskReply {
         tracing::info!(agent = %front.name(), task = %task.task_id, "task handed to the external agent");
+        // Only the latest report waits to go to the host: a slow host delays the notes and
+        // skips stale ones, never the task.
+        let (latest, mut reported) = tokio::sync::watch::channel(None::<ProgressNote>);
         let report = |p: Progress| {
-            self.emit(AgentEvent::AgentProgress {
+            let note = ProgressNote {
                 group_id: group_id.to_owned(),
                 task_id: task_id.to_owned(),
-                assignee: self.0.name.clone(),
                 agent: front.name().to_owned(),
                 state: p.state.to_owned(),
                 progress: p.text,
-            })
+            };
+            self.emit(AgentEvent::AgentProgress {
+                group_id: note.group_id.clone(),
+                task_id: note.task_id.clone(),
+                assignee: self.0.name.clone(),
+                agent: note.agent.clone(),
+                state: note.state.clone(),
+                progress: note.progress.clone(),
+            });
+            latest.send_replace(Some(note));
         };
-        let (ok, result) = match front.run_reporting(task, &report).await {
+        let forward = async {
+            let Some(host) = host.and_then(|h| h.parse::<NodeId>().ok()) else {
+                return;
+            };
+            while reported.changed().await.is_ok() {
+                let note = reported.borrow_and_update().clone();
+                let Some(body) = note.and_then(|n| serde_json::to_vec(&n).ok()) else {
+                    continue;
+                };
+                if let Err(e) = self.0.swarm.call(host, SERVICE, "progress", body).await {
+                    tracing::debug!(error = %e, "progress not delivered to the host");
+                }
+            }
+        };
+        let run = front.run_reporting(task, &report);
+        tokio::pin!(run);
+        // `forward` ends at once without a host to forward to; then the run goes on alone.
+        // The run ending drops a note still in flight.
+        let outcome = tokio::select! {
+            r = &mut run => r,
+            () = forward => run.await,
+        };
+        let (ok, result) = match outcome {
             Ok(answer) => (true, answer),
             Err(e) => {
                 tracing::info!(agent = %front.name(), error = %e, "external agent failed");

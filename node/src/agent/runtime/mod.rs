@@ -40,7 +40,7 @@ use super::grounded::{
     Planner, Route, SubQuestion,
 };
 use super::peers::Peers;
-use super::tools::{ExternalAgent, ExternalTask, Progress};
+use super::tools::{ExternalAgent, ExternalTask, Progress, PROGRESS_CHARS};
 use crate::config::{AgentKind, Collaboration, HumanFallback, HumanInput, NodeConfig};
 use crate::llm::{Decide, Llm};
 use crate::memory::{format_examples, MemoryBook, DEFAULT_DOMAIN};
@@ -126,14 +126,15 @@ pub enum AgentEvent {
         /// New state.
         state: TaskState,
     },
-    /// The external agent answering for this node reported where a long task stands
-    /// (IoA's `run(task) -> task_id` contract, or an A2A task still working).
+    /// The external agent answering for this node, or for the assignee of a task of a
+    /// group this node hosts, reported where a long task stands (IoA's `run(task) ->
+    /// task_id` contract, or an A2A task still working).
     AgentProgress {
         /// Group id.
         group_id: String,
         /// Task id within the group (empty for a task the node was asked directly).
         task_id: String,
-        /// The node's name.
+        /// The name of the node whose agent it is.
         assignee: String,
         /// The external agent's name (`[[agent.external]]`).
         agent: String,
@@ -290,6 +291,8 @@ pub const MAX_LOCATE_SUBS: usize = 16;
 pub const PROBE_CARDS: usize = 5;
 /// Most nodes probed for one task.
 pub const MAX_PROBED: usize = 12;
+/// Longest agent name a `progress` note may show.
+const MAX_AGENT_NAME_CHARS: usize = 64;
 /// Most members a member keeps of a group another node hosts.
 const MAX_GROUP_MEMBERS: usize = 64;
 /// The state of a task's group from submission until a team's chat is launched.
@@ -312,6 +315,23 @@ pub struct MessageNote {
     /// takes over if the host goes down (empty from nodes that predate host failover).
     #[serde(default)]
     pub members: Vec<MemberRef>,
+}
+
+/// `agent`/`progress` notification: a member whose third-party agent works on a task of a
+/// group the callee hosts says where the task stands, so that the host's watchers see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressNote {
+    /// Group.
+    pub group_id: String,
+    /// Task id within the group.
+    pub task_id: String,
+    /// The external agent's name (`[[agent.external]]`).
+    pub agent: String,
+    /// `submitted` or `working`.
+    pub state: String,
+    /// What the agent says it is doing, if it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
 }
 
 /// What a member keeps about a group another node hosts (the body of its group record).

@@ -12,7 +12,7 @@ use candle_core::quantized::GgmlDType;
 use starling_models::engine::{Engine, EngineConfig, ModelSlot};
 
 use super::*;
-use crate::agent::chat::{Message, MessageType, TaskState};
+use crate::agent::chat::{Message, MessageType, TaskMode, TaskState};
 use crate::agent::executor::{Executor, ExecutorConfig};
 use crate::agent::peers::sim::{Fault, SimNet};
 use crate::agent::tools::ToolBox;
@@ -428,4 +428,85 @@ async fn a_member_whose_turns_fail_is_dropped_after_the_missed_turn_limit_and_th
         .map(|m| m.body.sender.as_str())
         .collect();
     assert_eq!(left, [c.agent("bea").node_id()], "{log:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notes_are_taken_only_from_the_assignee_of_a_running_task() {
+    let c = Cluster::start(&[("ada", None), ("bea", None), ("cal", None)]).await;
+    let ada = c.agent("ada");
+    let bea: NodeId = c.agent("bea").node_id().parse().expect("node id");
+    let cal: NodeId = c.agent("cal").node_id().parse().expect("node id");
+    let mut task = Task {
+        id: "t1".into(),
+        assignee: bea.to_string(),
+        assigner: ada.node_id().to_owned(),
+        task_abstract: None,
+        desc: "How full are the tanks?".into(),
+        mode: TaskMode::Sync,
+        state: TaskState::Running,
+        assigned_turn: 1,
+        deadline: 0,
+        result: None,
+        child_group: None,
+    };
+    ada.persist_task("g000000000001", &task).await;
+    let note = |state: &str, task_id: &str| ProgressNote {
+        group_id: "g000000000001".into(),
+        task_id: task_id.into(),
+        agent: "tank_log".into(),
+        state: state.into(),
+        progress: Some("reading the gauges".repeat(20)),
+    };
+    let send = |from: NodeId, n: ProgressNote| {
+        ada.handle_rpc(Request {
+            from,
+            service: SERVICE.into(),
+            method: "progress".into(),
+            body: serde_json::to_vec(&n).expect("json").into(),
+        })
+    };
+    let mut events = ada.events();
+
+    send(bea, note("working", "t1"))
+        .await
+        .expect("from the assignee");
+    match events.try_recv() {
+        Ok(AgentEvent::AgentProgress {
+            group_id,
+            task_id,
+            assignee,
+            agent,
+            state,
+            progress,
+        }) => {
+            assert_eq!(
+                (group_id.as_str(), task_id.as_str()),
+                ("g000000000001", "t1")
+            );
+            assert_eq!((assignee.as_str(), agent.as_str()), ("bea", "tank_log"));
+            assert_eq!(state, "working");
+            assert_eq!(
+                progress.map(|p| p.chars().count()),
+                Some(PROGRESS_CHARS),
+                "cut to the progress limit"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let refused = [
+        (cal, note("working", "t1")),
+        (bea, note("working", "t2")),
+        (bea, note("done", "t1")),
+    ];
+    for (from, n) in refused {
+        let e = send(from, n.clone()).await.expect_err("refused");
+        assert_eq!(e.code, RpcErrorCode::BadRequest, "{n:?}: {e}");
+    }
+    task.state = TaskState::Done;
+    ada.persist_task("g000000000001", &task).await;
+    let e = send(bea, note("working", "t1"))
+        .await
+        .expect_err("task done");
+    assert_eq!(e.code, RpcErrorCode::BadRequest);
+    assert!(events.try_recv().is_err(), "no event for a refused note");
 }

@@ -9,7 +9,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::{LocateReply, LocateRequest, MessageNote, SpeakRequest, TaskReply, TaskRequest};
+use super::{
+    LocateReply, LocateRequest, MessageNote, ProgressNote, SpeakRequest, TaskReply, TaskRequest,
+};
 use crate::agent::card::AgentCard;
 use crate::agent::chat::{
     ChatState, Decision, DecisionType, MemberRef, Message, MessageType, Task, TaskMode, TaskSpec,
@@ -456,6 +458,17 @@ proptest! {
         prop_assert_eq!(&parse::<MessageNote>(with_extra_field(object(&note), extra)), &note);
         // Notes from hosts that predate failover carry no member list.
         prop_assert_eq!(&parse::<MessageNote>(without_defaults(object(&note), &["members"])), &note);
+    }
+
+    #[test]
+    fn progress_notes_round_trip(
+        (group_id, task_id, agent, state, progress) in (text(), text(), text(), text(), opt_text()),
+        extra in json(),
+    ) {
+        let note = ProgressNote { group_id, task_id, agent, state, progress };
+        prop_assert_eq!(&round_trip(&note), &note);
+        prop_assert_eq!(&parse::<ProgressNote>(with_extra_field(object(&note), extra)), &note);
+        prop_assert_eq!(object(&note).contains_key("progress"), note.progress.is_some());
     }
 
     #[test]
