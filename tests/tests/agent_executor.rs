@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use starling_models::embed::{BertEmbedder, EmbedHandle};
 use starling_node::agent::grounded::AnswerStatus;
-use starling_node::config::ExternalAgentConfig;
+use starling_node::config::{ExternalAgentConfig, NodeConfig};
 use starling_node::daemon::SharedModels;
 
 mod support;
@@ -50,6 +50,26 @@ fn tasks_logged(log: &Path) -> Vec<serde_json::Value> {
 }
 
 /// The tiny chat model and the real embedder (cards are matched by meaning).
+/// The third-party agent of these tests, `station_notes`, with no way to reach it yet.
+fn station_notes() -> ExternalAgentConfig {
+    ExternalAgentConfig {
+        name: "station_notes".into(),
+        description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
+        skills: Vec::new(),
+        command: None,
+        url: None,
+        a2a: None,
+        timeout_secs: 30,
+        max_output_bytes: 64 * 1024,
+    }
+}
+
+/// Makes `agent` the executor of the node configured by `c`.
+fn front_station_notes(c: &mut NodeConfig, agent: ExternalAgentConfig) {
+    c.agent.executor = format!("external:{}", agent.name);
+    c.agent.external.push(agent);
+}
+
 fn models_with_embedder(d: &Path) -> SharedModels {
     let embedder = EmbedHandle::spawn(
         BertEmbedder::load(starling_models::testing::embedding_model()).unwrap(),
@@ -87,27 +107,19 @@ async fn a_third_party_agent_is_recruited_and_quoted_verbatim() {
     let basil = support::start(c, &models).await;
 
     let mut c = support::loopback_config(d, "dora", &secret, Some(&ada));
-    c.agent.external.push(ExternalAgentConfig {
-        name: "station_notes".into(),
-        description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
-        skills: vec!["greenhouse filters".into(), "irrigation pumps".into()],
-        command: Some(logged_agent(&log)),
-        url: None,
-        a2a: None,
-        timeout_secs: 30,
-        max_output_bytes: 64 * 1024,
-    });
-    c.agent.executor = "external:station_notes".into();
+    front_station_notes(
+        &mut c,
+        ExternalAgentConfig {
+            skills: vec!["greenhouse filters".into(), "irrigation pumps".into()],
+            command: Some(logged_agent(&log)),
+            url: None,
+            timeout_secs: 30,
+            ..station_notes()
+        },
+    );
     let dora = support::start(c, &models).await;
 
-    let start = Instant::now();
-    while ada.agent.known_cards().len() < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "cards not learned"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::wait_for_cards(&ada, 3).await;
     let dora_id = dora.swarm.node_id().to_string();
     let card = ada
         .agent
@@ -205,26 +217,18 @@ async fn cancelling_a_task_stops_the_members_work_on_it() {
         pid = pid_file.to_string_lossy()
     );
     let mut c = support::loopback_config(d, "dora", &secret, Some(&ada));
-    c.agent.external.push(ExternalAgentConfig {
-        name: "station_notes".into(),
-        description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
-        skills: vec!["greenhouse filters".into()],
-        command: Some(vec!["python3".into(), "-c".into(), slow]),
-        url: None,
-        a2a: None,
-        timeout_secs: 600,
-        max_output_bytes: 64 * 1024,
-    });
-    c.agent.executor = "external:station_notes".into();
+    front_station_notes(
+        &mut c,
+        ExternalAgentConfig {
+            skills: vec!["greenhouse filters".into()],
+            command: Some(vec!["python3".into(), "-c".into(), slow]),
+            url: None,
+            timeout_secs: 600,
+            ..station_notes()
+        },
+    );
     let dora = support::start(c, &models).await;
-    let start = Instant::now();
-    while ada.agent.known_cards().len() < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "cards not learned"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::wait_for_cards(&ada, 2).await;
 
     // The task reaches dora's agent; then the user cancels it on ada (as `DELETE
     // /api/tasks/{id}` does: the task's future is aborted).
@@ -304,26 +308,18 @@ async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
     c.agent.description = "Coordinates the station's questions.".into();
     let ada = support::start(c, &models).await;
     let mut c = support::loopback_config(d, "eve", &secret, Some(&ada));
-    c.agent.external.push(ExternalAgentConfig {
-        name: "station_notes".into(),
-        description: "Knows the station's maintenance notes: filters, pumps, inspections.".into(),
-        skills: vec!["hydroponics".into()],
-        command: None,
-        url: Some(format!("{url}/")),
-        a2a: None,
-        timeout_secs: 30,
-        max_output_bytes: 64 * 1024,
-    });
-    c.agent.executor = "external:station_notes".into();
+    front_station_notes(
+        &mut c,
+        ExternalAgentConfig {
+            skills: vec!["hydroponics".into()],
+            command: None,
+            url: Some(format!("{url}/")),
+            timeout_secs: 30,
+            ..station_notes()
+        },
+    );
     let eve = support::start(c, &models).await;
-    let start = Instant::now();
-    while eve.agent.known_cards().is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "own card not known"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_for_cards(&eve, 1).await;
     let mut events = eve.agent.events();
 
     let q = "How much do the hydroponic bay's nutrient tanks hold?";
@@ -364,14 +360,7 @@ async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
 
     // Asked of ada, who hosts the group and routes the question to eve's agent: ada's
     // watchers see the progress too, in eve's name.
-    let start = Instant::now();
-    while ada.agent.known_cards().len() < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "cards not learned"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_for_cards(&ada, 2).await;
     let mut events = ada.agent.events();
     let r = tokio::time::timeout(Duration::from_secs(60), ada.agent.submit(q))
         .await

@@ -5,8 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, Instant};
-
 use starling_node::agent::chat::{ChatConfig, LaunchParams, MemberRef, Message};
 use starling_node::agent::runtime::AgentEvent;
 use starling_node::daemon::{Node, SharedModels};
@@ -36,13 +34,7 @@ async fn human_answers_become_messages_and_silence_loses_the_turn() {
     let secret = starling_discovery::SwarmSecret::generate().to_string();
     let host = node(dir.path(), "host", &models, false, &secret, None).await;
     let person = node(dir.path(), "hannah", &models, true, &secret, Some(&host)).await;
-    let t = Instant::now();
-    while host.agent.known_cards().len() < 2 {
-        // A card the exchange on connect misses comes with the next periodic sync (every
-        // 30 s); a 20 s wait ran out once in a full test run on a 2-core machine.
-        assert!(t.elapsed() < Duration::from_secs(60), "cards not exchanged");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_for_cards(&host, 2).await;
     // The person answers the first question only; later ones time out (fallback: skip).
     let mut rx = person.agent.events();
     let answerer = person.agent.clone();

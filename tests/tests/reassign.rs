@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use starling_models::embed::{BertEmbedder, EmbedHandle};
 use starling_node::agent::chat::TaskState;
@@ -76,13 +76,7 @@ async fn a_failed_member_s_sub_question_goes_to_another_holder() {
         Some(&ada),
     )
     .await;
-    let t = Instant::now();
-    while ada.agent.known_cards().len() < 3 {
-        // A card the exchange on connect misses comes with the next periodic sync (every
-        // 30 s); a 20 s wait ran out once in a full test run on a 2-core machine.
-        assert!(t.elapsed() < Duration::from_secs(60), "cards not exchanged");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_for_cards(&ada, 3).await;
     let mut events = ada.agent.events();
     let result = tokio::time::timeout(
         Duration::from_secs(60),

@@ -70,3 +70,18 @@ pub fn tiny_chat_model(dir: &Path) -> starling_models::engine::ModelSlot {
     );
     ModelSlot::new(Engine::load(&path, &EngineConfig::default()).unwrap())
 }
+
+/// Waits until `node` knows `n` agent cards (its own included). A card the exchange on
+/// connect misses comes with the next periodic sync (every 30 s), so the wait allows 60 s;
+/// a 20 s wait ran out once in a full test run on a 2-core machine.
+pub async fn wait_for_cards(node: &Node, n: usize) {
+    let start = std::time::Instant::now();
+    while node.agent.known_cards().len() < n {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "{} of {n} cards known after 60 s",
+            node.agent.known_cards().len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
