@@ -770,13 +770,11 @@ impl McpServerConfig {
                 }
                 check_http_url(name, "url", url)?;
                 for (key, value) in &self.headers {
-                    let valid = !key.is_empty()
-                        && key
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b))
-                        && value
-                            .bytes()
-                            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
+                    // What the transport will accept (`agent::mcp` builds them with `http`),
+                    // in ASCII: `http` also lets through bytes that servers read differently.
+                    let valid = http::HeaderName::from_bytes(key.as_bytes()).is_ok()
+                        && http::HeaderValue::from_str(value).is_ok()
+                        && value.is_ascii();
                     if !valid {
                         return Err(format!(
                             "entry `{name}`: header `{key}` is not a valid HTTP header"
@@ -946,6 +944,10 @@ mod tests {
             ),
             (
                 "name = \"f\"\nurl = \"http://h\"\nheaders = { A = \"b\\nc\" }",
+                "not a valid HTTP header",
+            ),
+            (
+                "name = \"f\"\nurl = \"http://h\"\nheaders = { A = \"café\" }",
                 "not a valid HTTP header",
             ),
             (
