@@ -16,11 +16,16 @@ contract): the POST is answered at once with `{"task_id": ..., "status": "workin
 `GET /<task_id>` says `working` until the delay has passed and then gives the answer, and
 `DELETE /<task_id>` cancels the task. It prints `submitted ID`, `answered ID` and
 `canceled ID` as they happen.
+
+With `--cert FILE --key FILE` (PEM) it serves HTTPS instead and prints `listening on
+https://127.0.0.1:PORT`; a node trusts a self-signed certificate through the entry's
+`ca_file = "FILE"`.
 """
 
 import argparse
 import json
 import os
+import ssl
 import sys
 import threading
 import time
@@ -105,10 +110,20 @@ def main():
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--delay", type=float, default=0.0,
                    help="seconds a task takes; above 0 the submit / poll / cancel contract is used")
+    p.add_argument("--cert", help="PEM certificate (chain): serve HTTPS")
+    p.add_argument("--key", help="PEM private key of --cert")
     args = p.parse_args()
+    if bool(args.cert) != bool(args.key):
+        p.error("--cert and --key go together")
     DELAY = args.delay
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    say(f"listening on http://127.0.0.1:{server.server_address[1]}")
+    scheme = "http"
+    if args.cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.cert, args.key)
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    say(f"listening on {scheme}://127.0.0.1:{server.server_address[1]}")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -371,13 +371,18 @@ pub struct ExternalAgentConfig {
     /// is relative to the config file.
     #[serde(default)]
     pub command: Option<Vec<String>>,
-    /// `http://` endpoint taking the task by POST (the node's HTTP client has no TLS).
+    /// `http://` or `https://` endpoint taking the task by POST.
     #[serde(default)]
     pub url: Option<String>,
     /// An A2A agent: its base URL (its card is at `/.well-known/agent-card.json` under it)
     /// or its card's URL; the task goes as an A2A 1.0 `SendMessage`.
     #[serde(default)]
     pub a2a: Option<String>,
+    /// PEM file of CA certificates trusted for this agent's `https://` address besides the
+    /// built-in public roots (a private CA, or the agent's own self-signed certificate).
+    /// Relative to the config file.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     /// Seconds before the call is abandoned (and the command killed).
     #[serde(default = "default_external_timeout")]
     pub timeout_secs: u64,
@@ -519,8 +524,10 @@ impl NodeConfig {
     }
 
     fn resolve_relative(&mut self, base: &Path) {
+        let ca_files = self.agent.external.iter_mut().map(|e| &mut e.ca_file);
         for p in [&mut self.node.data_dir, &mut self.agent.docs]
             .into_iter()
+            .chain(ca_files)
             .flatten()
         {
             if p.is_relative() {
@@ -732,13 +739,18 @@ fn check_limits(name: &str, timeout_secs: u64, max_output_bytes: usize) -> Resul
     Ok(())
 }
 
-/// Checks that entry `name`'s `key` is an `http://` address: the node's HTTP client is
-/// built without TLS.
-fn check_http_url(name: &str, key: &str, url: &str) -> Result<(), String> {
-    if url.strip_prefix("http://").is_none_or(str::is_empty) {
-        return Err(format!(
-            "entry `{name}`: `{key}` must be an http:// address (https is not built in)"
-        ));
+/// Checks that entry `name`'s `key` is an `http://` address, or also an `https://` one
+/// when `tls`: MCP's HTTP transport (`rmcp`, on its own HTTP client) is built without TLS.
+fn check_http_url(name: &str, key: &str, url: &str, tls: bool) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://").filter(|_| tls));
+    if rest.is_none_or(str::is_empty) {
+        return Err(if tls {
+            format!("entry `{name}`: `{key}` must be an http:// or https:// address")
+        } else {
+            format!("entry `{name}`: `{key}` must be an http:// address (MCP over https is not built in)")
+        });
     }
     Ok(())
 }
@@ -768,7 +780,7 @@ impl McpServerConfig {
                 if !self.env.is_empty() {
                     return Err(format!("entry `{name}`: `env` goes with `command`"));
                 }
-                check_http_url(name, "url", url)?;
+                check_http_url(name, "url", url, false)?;
                 for (key, value) in &self.headers {
                     // What the transport will accept (`agent::mcp` builds them with `http`),
                     // in ASCII: `http` also lets through bytes that servers read differently.
@@ -817,13 +829,18 @@ impl ExternalAgentConfig {
             }
             (None, Some(url), None) | (None, None, Some(url)) => {
                 let key = if self.url.is_some() { "url" } else { "a2a" };
-                check_http_url(name, key, url)?;
+                check_http_url(name, key, url, true)?;
             }
             _ => {
                 return Err(format!(
                     "entry `{name}`: needs exactly one of `command`, `url` and `a2a`"
                 ))
             }
+        }
+        if self.ca_file.is_some() && self.command.is_some() {
+            return Err(format!(
+                "entry `{name}`: `ca_file` goes with an https:// `url` or `a2a`"
+            ));
         }
         check_limits(name, self.timeout_secs, self.max_output_bytes)
     }
@@ -1026,10 +1043,18 @@ mod tests {
             name = "web-lookup"
             url = "http://127.0.0.1:9000/run"
             timeout_secs = 5
+            [[agent.external]]
+            name = "desk"
+            a2a = "https://desk.example/"
+            ca_file = "/etc/starling/desk-ca.pem"
             "#,
         )
         .unwrap();
-        assert_eq!(c.agent.external.len(), 2);
+        assert_eq!(c.agent.external.len(), 3);
+        assert_eq!(
+            c.agent.external[2].ca_file.as_deref(),
+            Some(Path::new("/etc/starling/desk-ca.pem"))
+        );
         assert_eq!(c.agent.external[0].timeout_secs, 60);
         assert_eq!(c.agent.external[0].max_output_bytes, 64 * 1024);
         assert_eq!(
@@ -1047,6 +1072,11 @@ mod tests {
             ("name = \"calculator\"\ncommand = [\"a\"]", "reserved"),
             ("name = \"x\"\ncommand = []", "needs a program"),
             ("name = \"x\"\nurl = \"ftp://h\"", "http://"),
+            ("name = \"x\"\nurl = \"https://\"", "https://"),
+            (
+                "name = \"x\"\ncommand = [\"a\"]\nca_file = \"ca.pem\"",
+                "`ca_file` goes with",
+            ),
             (
                 "name = \"x\"\ncommand = [\"a\"]\ntimeout_secs = 0",
                 "timeout_secs",
@@ -1079,7 +1109,8 @@ mod tests {
             &path,
             "[node]\ndata_dir = \"data\"\n[agent]\ndocs = \"docs\"\n\
              [[agent.external]]\nname = \"a\"\ncommand = [\"./bin/agent\", \"./x\"]\n\
-             [[agent.external]]\nname = \"b\"\ncommand = [\"python3\"]\n",
+             [[agent.external]]\nname = \"b\"\ncommand = [\"python3\"]\n\
+             [[agent.external]]\nname = \"c\"\nurl = \"https://h/\"\nca_file = \"certs/ca.pem\"\n",
         )
         .unwrap();
         let c = NodeConfig::load(&path).unwrap();
@@ -1089,6 +1120,10 @@ mod tests {
         assert_eq!(a[0], dir.path().join("./bin/agent").to_string_lossy());
         assert_eq!(a[1], "./x", "only the program is resolved");
         assert_eq!(c.agent.external[1].command.as_ref().unwrap()[0], "python3");
+        assert_eq!(
+            c.agent.external[2].ca_file.as_deref(),
+            Some(dir.path().join("certs/ca.pem").as_path())
+        );
         let e = NodeConfig::load(&dir.path().join("missing.toml")).unwrap_err();
         assert!(e.to_string().contains("missing.toml"), "{e}");
     }

@@ -73,6 +73,7 @@ impl Server {
             command: None,
             url: None,
             a2a: Some(self.url.clone()),
+            ca_file: None,
             timeout_secs,
             max_output_bytes: 64 * 1024,
         })
@@ -188,6 +189,7 @@ fn a_missing_card_is_a_clear_error_and_a_card_url_works() {
         command: None,
         url: None,
         a2a: Some(format!("{}/missing", server.url)),
+        ca_file: None,
         timeout_secs: 10,
         max_output_bytes: 64 * 1024,
     };

@@ -31,6 +31,7 @@ fn agent(command: Option<Vec<String>>, url: Option<String>) -> ExternalAgent {
         command,
         url,
         a2a: None,
+        ca_file: None,
         timeout_secs: 30,
         max_output_bytes: 64 * 1024,
     })
@@ -151,7 +152,10 @@ fn http_example(
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
         .to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert!(
+        url.starts_with("http://127.0.0.1:") || url.starts_with("https://127.0.0.1:"),
+        "{url}"
+    );
     (service, url, lines)
 }
 
@@ -163,6 +167,7 @@ fn agent_with_timeout(url: &str, timeout_secs: u64) -> ExternalAgent {
         command: None,
         url: Some(url.into()),
         a2a: None,
+        ca_file: None,
         timeout_secs,
         max_output_bytes: 64 * 1024,
     })
@@ -264,5 +269,57 @@ fn the_http_example_answers_a_post_from_the_node() {
         .block_on(a.run(&task("How many litres does each nutrient tank hold?")))
         .expect("answer");
     assert!(got.contains("220 litres"), "{got}");
+    drop(service);
+}
+
+/// An agent over HTTPS with a self-signed certificate: refused as an unknown issuer until
+/// the entry's `ca_file` names the certificate; a `ca_file` that is no PEM is a clear error.
+#[test]
+fn an_https_agent_is_trusted_through_its_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .expect("certificate");
+    let cert_pem = dir.path().join("agent.pem");
+    let key_pem = dir.path().join("agent.key");
+    std::fs::write(&cert_pem, cert.cert.pem()).unwrap();
+    std::fs::write(&key_pem, cert.signing_key.serialize_pem()).unwrap();
+    let (service, url, _) = http_example(&[
+        "--cert",
+        cert_pem.to_str().unwrap(),
+        "--key",
+        key_pem.to_str().unwrap(),
+    ]);
+    assert!(url.starts_with("https://"), "{url}");
+    let config = |ca_file: Option<PathBuf>| ExternalAgentConfig {
+        name: "station_notes".into(),
+        description: String::new(),
+        skills: Vec::new(),
+        command: None,
+        url: Some(format!("{url}/")),
+        a2a: None,
+        ca_file,
+        timeout_secs: 30,
+        max_output_bytes: 64 * 1024,
+    };
+    let question = task("How many litres does each nutrient tank hold?");
+
+    let trusted = ExternalAgent::from_config(&config(Some(cert_pem))).expect("valid config");
+    let got = rt().block_on(trusted.run(&question)).expect("answer");
+    assert!(got.contains("220 litres"), "{got}");
+
+    let untrusted = ExternalAgent::from_config(&config(None)).expect("valid config");
+    let e = rt()
+        .block_on(untrusted.run(&question))
+        .expect_err("an unknown issuer")
+        .to_string();
+    assert!(e.contains("station_notes"), "{e}");
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    let Err(e) = ExternalAgent::from_config(&config(Some(not_pem))) else {
+        panic!("a ca_file without a certificate is refused");
+    };
+    assert!(e.to_string().contains("holds no PEM certificate"), "{e}");
     drop(service);
 }

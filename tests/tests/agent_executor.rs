@@ -59,6 +59,7 @@ fn station_notes() -> ExternalAgentConfig {
         command: None,
         url: None,
         a2a: None,
+        ca_file: None,
         timeout_secs: 30,
         max_output_bytes: 64 * 1024,
     }

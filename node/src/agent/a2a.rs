@@ -19,6 +19,8 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use super::with_causes;
+
 /// The A2A protocol version this client speaks.
 pub const A2A_VERSION: &str = "1.0";
 /// Where an agent's card is, under its base URL.
@@ -179,13 +181,13 @@ impl A2aAgent {
             let mut resp = request
                 .send()
                 .await
-                .map_err(|e| failed(format!("request failed: {e}")))?;
+                .map_err(|e| failed(format!("request failed: {}", with_causes(&e))))?;
             let status = resp.status();
             let mut buf = Vec::new();
             while let Some(chunk) = resp
                 .chunk()
                 .await
-                .map_err(|e| failed(format!("reading the answer failed: {e}")))?
+                .map_err(|e| failed(format!("reading the answer failed: {}", with_causes(&e))))?
             {
                 buf.extend_from_slice(&chunk);
                 if buf.len() > self.max_output {
@@ -221,10 +223,9 @@ pub fn jsonrpc_endpoint(card: &Value) -> Result<String, String> {
                 .is_none_or(|v| v.starts_with("1."))
     });
     match found.and_then(|i| i.get("url")).and_then(Value::as_str) {
-        Some(url) if url.starts_with("http://") => Ok(url.to_owned()),
-        Some(url) if url.starts_with("https://") => Err(format!(
-            "its JSON-RPC interface `{url}` needs TLS, which the node's HTTP client does not have"
-        )),
+        Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+            Ok(url.to_owned())
+        }
         Some(url) => Err(format!("its JSON-RPC interface `{url}` is not an http URL")),
         None => {
             let version = card

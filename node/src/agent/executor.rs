@@ -872,6 +872,7 @@ mod tests {
             command: Some(vec!["sh".into(), "-c".into(), script]),
             url: None,
             a2a: None,
+            ca_file: None,
             timeout_secs: 10,
             max_output_bytes: 1000,
         })
@@ -909,6 +910,7 @@ mod tests {
             command: Some(vec!["sh".into(), "-c".into(), "exit 7".into()]),
             url: None,
             a2a: None,
+            ca_file: None,
             timeout_secs: 10,
             max_output_bytes: 1000,
         })

@@ -39,6 +39,7 @@ use tracing::{debug, info, warn};
 
 use super::a2a::{A2aAgent, A2aError, Outcome};
 use super::docs::{DocIndex, DocsError, Passage};
+use super::with_causes;
 use crate::config::{AgentSection, ExternalAgentConfig};
 
 /// Why a tool call failed. The message is meant for the model too: it is put into the
@@ -965,14 +966,32 @@ impl ExternalAgent {
     /// Builds the tool from its config entry (validated by [`crate::config::NodeConfig`]).
     pub fn from_config(config: &ExternalAgentConfig) -> Result<Self, ToolError> {
         let http_client = || {
+            let failed = |reason: String| ToolError::External {
+                name: config.name.clone(),
+                reason,
+            };
             // Backstop only: the call's own timeout (below) fires first.
-            reqwest::Client::builder()
-                .timeout(Duration::from_secs(config.timeout_secs + 5))
+            let mut builder =
+                reqwest::Client::builder().timeout(Duration::from_secs(config.timeout_secs + 5));
+            if let Some(path) = &config.ca_file {
+                let pem = std::fs::read(path)
+                    .map_err(|e| failed(format!("cannot read ca_file {}: {e}", path.display())))?;
+                let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                    .ok()
+                    .filter(|c| !c.is_empty())
+                    .ok_or_else(|| {
+                        failed(format!(
+                            "ca_file {} holds no PEM certificate",
+                            path.display()
+                        ))
+                    })?;
+                for cert in certs {
+                    builder = builder.add_root_certificate(cert);
+                }
+            }
+            builder
                 .build()
-                .map_err(|e| ToolError::External {
-                    name: config.name.clone(),
-                    reason: format!("cannot build an HTTP client: {e}"),
-                })
+                .map_err(|e| failed(format!("cannot build an HTTP client: {e}")))
         };
         let transport = match (&config.command, &config.url, &config.a2a) {
             (Some(cmd), None, None) if !cmd.is_empty() => Transport::Command(cmd.clone()),
@@ -1232,32 +1251,30 @@ impl ExternalAgent {
         url: &str,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<u8>, ToolError> {
-        let exchange = async {
-            let mut resp = request
-                .send()
-                .await
-                .map_err(|e| self.fail(format!("request to {url} failed: {e}")))?;
-            let status = resp.status();
-            let mut buf = Vec::new();
-            while let Some(chunk) = resp
-                .chunk()
-                .await
-                .map_err(|e| self.fail(format!("reading the answer failed: {e}")))?
-            {
-                buf.extend_from_slice(&chunk);
-                if buf.len() > self.max_output {
-                    return Err(self.fail(format!(
-                        "its answer is larger than {} bytes",
-                        self.max_output
-                    )));
+        let exchange =
+            async {
+                let mut resp = request.send().await.map_err(|e| {
+                    self.fail(format!("request to {url} failed: {}", with_causes(&e)))
+                })?;
+                let status = resp.status();
+                let mut buf = Vec::new();
+                while let Some(chunk) = resp.chunk().await.map_err(|e| {
+                    self.fail(format!("reading the answer failed: {}", with_causes(&e)))
+                })? {
+                    buf.extend_from_slice(&chunk);
+                    if buf.len() > self.max_output {
+                        return Err(self.fail(format!(
+                            "its answer is larger than {} bytes",
+                            self.max_output
+                        )));
+                    }
                 }
-            }
-            if !status.is_success() {
-                let text = String::from_utf8_lossy(&buf);
-                return Err(self.fail(format!("answered {status}: {}", text.trim())));
-            }
-            Ok(buf)
-        };
+                if !status.is_success() {
+                    let text = String::from_utf8_lossy(&buf);
+                    return Err(self.fail(format!("answered {status}: {}", text.trim())));
+                }
+                Ok(buf)
+            };
         match tokio::time::timeout_at(deadline, exchange).await {
             Ok(r) => r,
             Err(_) => Err(self.timed_out()),
@@ -1624,6 +1641,7 @@ mod tests {
             command,
             url,
             a2a: None,
+            ca_file: None,
             timeout_secs: 2,
             max_output_bytes: 200,
         })
@@ -1832,6 +1850,7 @@ mod tests {
             command: Some(vec!["cat".into()]),
             url: None,
             a2a: None,
+            ca_file: None,
             timeout_secs: 5,
             max_output_bytes: 1000,
         });
