@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use starling_models::embed::{BertEmbedder, EmbedHandle};
 use starling_node::agent::grounded::AnswerStatus;
+use starling_node::agent::runtime::AgentEvent;
 use starling_node::config::{ExternalAgentConfig, NodeConfig};
 use starling_node::daemon::SharedModels;
 
@@ -269,9 +270,36 @@ async fn cancelling_a_task_stops_the_members_work_on_it() {
 /// A long task at the agent a node fronts (IoA's submit-and-poll contract, here the
 /// example HTTP agent with `--delay`): while the node waits, where the task stands goes
 /// out on the node's event stream, and the answer still comes back verbatim.
+/// The `agent_progress` events received so far, each checked to be about `group_id` and
+/// from eve's `station_notes`: `(task_id, state, progress)` in order.
+fn eves_progress(
+    events: &mut tokio::sync::broadcast::Receiver<AgentEvent>,
+    group_id: &str,
+) -> Vec<(String, String, Option<String>)> {
+    let mut seen = Vec::new();
+    while let Ok(ev) = events.try_recv() {
+        if let AgentEvent::AgentProgress {
+            group_id: group,
+            task_id,
+            assignee,
+            agent,
+            state,
+            progress,
+        } = ev
+        {
+            assert_eq!(group, group_id);
+            assert_eq!(
+                (assignee.as_str(), agent.as_str()),
+                ("eve", "station_notes")
+            );
+            seen.push((task_id, state, progress));
+        }
+    }
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
-    use starling_node::agent::runtime::AgentEvent;
     use std::io::BufRead;
 
     let dir = tempfile::tempdir().unwrap();
@@ -329,33 +357,16 @@ async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
         .expect("answered in time")
         .unwrap();
     assert_eq!(r.answer, TANK_NOTE, "{r:?}");
-    let mut seen = Vec::new();
-    while let Ok(ev) = events.try_recv() {
-        if let AgentEvent::AgentProgress {
-            group_id,
-            assignee,
-            agent,
-            state,
-            progress,
-            ..
-        } = ev
-        {
-            assert_eq!(group_id, r.group_id);
-            assert_eq!(
-                (assignee.as_str(), agent.as_str()),
-                ("eve", "station_notes")
-            );
-            seen.push((state, progress));
-        }
-    }
+    let seen = eves_progress(&mut events, &r.group_id);
     assert_eq!(
-        seen.first(),
-        Some(&("working".to_owned(), None)),
+        seen.first()
+            .map(|(_, state, progress)| (state.as_str(), progress)),
+        Some(("working", &None)),
         "{seen:?}"
     );
     assert!(
         seen.iter()
-            .any(|(_, p)| p.as_deref().is_some_and(|p| p.ends_with(" s left"))),
+            .any(|(_, _, p)| p.as_deref().is_some_and(|p| p.ends_with(" s left"))),
         "{seen:?}"
     );
 
@@ -369,29 +380,13 @@ async fn a_long_task_at_the_fronted_agent_shows_its_progress() {
         .unwrap();
     assert_eq!(r.answer, TANK_NOTE, "{r:?}");
     assert_eq!(r.citations[0].node, "eve", "{r:?}");
-    let mut seen = Vec::new();
-    while let Ok(ev) = events.try_recv() {
-        if let AgentEvent::AgentProgress {
-            group_id,
-            task_id,
-            assignee,
-            agent,
-            progress,
-            ..
-        } = ev
-        {
-            assert_eq!(group_id, r.group_id);
-            assert!(!task_id.is_empty(), "a task of ada's group");
-            assert_eq!(
-                (assignee.as_str(), agent.as_str()),
-                ("eve", "station_notes")
-            );
-            seen.push(progress);
-        }
+    let seen = eves_progress(&mut events, &r.group_id);
+    for (task_id, _, _) in &seen {
+        assert!(!task_id.is_empty(), "a task of ada's group");
     }
     assert!(
         seen.iter()
-            .any(|p| p.as_deref().is_some_and(|p| p.ends_with(" s left"))),
+            .any(|(_, _, p)| p.as_deref().is_some_and(|p| p.ends_with(" s left"))),
         "{seen:?}"
     );
     drop((service, output, eve));
