@@ -419,6 +419,14 @@ fn limits() -> ParserLimits {
     }
 }
 
+/// `schema` (an object schema) with the JSON layout of [`Constraint::JsonSchema`] (`", "` and
+/// `": "`, no free whitespace) unless it sets its own: for schemas embedded in a
+/// [`Constraint::Lark`] grammar with `%json`, which llguidance otherwise lets the model pad
+/// with any whitespace.
+pub fn json_layout_for_lark(schema: &serde_json::Value) -> serde_json::Value {
+    with_json_format_defaults(schema, "Lark grammar").unwrap_or_else(|_| schema.clone())
+}
+
 /// Returns `schema` with our JSON formatting defaults unless it sets its own.
 fn with_json_format_defaults(
     schema: &serde_json::Value,

@@ -104,6 +104,10 @@ pub enum Prompt {
     /// Chat messages, rendered with the model's chat template and followed by the
     /// assistant's turn.
     Chat(Vec<ChatMessage>),
+    /// Chat messages with tools (OpenAI-style function definitions, a JSON array) given to
+    /// the chat template, for templates with a tool format of their own
+    /// ([`Engine::tool_format`]).
+    ChatWithTools(Vec<ChatMessage>, serde_json::Value),
     /// Raw text, tokenised as is (control tokens in it are treated as plain text).
     Text(String),
     /// Token ids, the model's input exactly as given: no BOS is added, nothing is
@@ -394,6 +398,11 @@ impl Engine {
         Ok(compiler.compile(constraint)?)
     }
 
+    /// The chat template's own tool-call format, if it has one.
+    pub fn tool_format(&self) -> Option<crate::chat::ToolFormat> {
+        self.template.tool_format()
+    }
+
     /// What this model is.
     pub fn info(&self) -> &ModelInfo {
         &self.info
@@ -408,6 +417,11 @@ impl Engine {
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
         match prompt {
             Prompt::Chat(messages) => Ok(self.template.encode_chat(messages, true)?),
+            Prompt::ChatWithTools(messages, tools) => {
+                Ok(self
+                    .template
+                    .encode_chat_with_tools(messages, Some(tools), true)?)
+            }
             Prompt::Text(text) => {
                 let mut ids = Vec::new();
                 if self.tokenizer.add_bos() {
@@ -447,6 +461,9 @@ impl Engine {
         }
         let text_bytes: usize = match &req.prompt {
             Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
+            Prompt::ChatWithTools(messages, tools) => {
+                messages.iter().map(|m| m.content.len()).sum::<usize>() + tools.to_string().len()
+            }
             Prompt::Text(text) => text.len(),
             Prompt::Tokens(_) => 0,
         };

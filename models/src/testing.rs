@@ -255,8 +255,83 @@ pub fn write_tiny_llama(path: &Path, dtype: GgmlDType, context: u32) {
 /// can be read by llama.cpp once and its logits kept as a fixture.
 ///
 /// Panics on failure: this is for tests.
-#[allow(clippy::expect_used, clippy::unwrap_used)]
 pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
+    write_tiny_templated(path, arch, dtype, context, CHATML_TEMPLATE);
+}
+
+/// The plain ChatML template of the tiny files (no tools).
+pub const CHATML_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// A ChatML template with a Hermes-style tool format, written for tests in the way Qwen 2.5,
+/// Qwen 3 and SmolLM3 templates work: the tools are listed by the template as JSON lines in
+/// `<tools>`, an assistant's calls are `<tool_call>` blocks, and tool results are
+/// `<tool_response>` blocks in a user turn.
+pub const HERMES_TOOLS_TEMPLATE: &str = concat!(
+    "{%- if tools -%}",
+    "{{- '<|im_start|>system\\n' -}}",
+    "{%- if messages[0].role == 'system' -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}",
+    "{{- 'You may call these tools. Their signatures, one per line:\\n<tools>' -}}",
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}",
+    "{{- '\\n</tools>\\nTo call one, write a JSON object with its name and arguments ",
+    "between <tool_call> and </tool_call>.<|im_end|>\\n' -}}",
+    "{%- elif messages[0].role == 'system' -%}",
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' -}}",
+    "{%- endif -%}",
+    "{%- for message in messages -%}",
+    "{%- if message.role == 'system' and loop.first -%}",
+    "{%- elif message.role == 'tool' -%}",
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}",
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' -}}",
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}",
+    "{%- else -%}",
+    "{{- '<|im_start|>' + message.role -}}",
+    "{%- if message.content -%}{{- '\\n' + message.content -}}{%- endif -%}",
+    "{%- for call in message.tool_calls or [] -%}",
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' ",
+    "+ (call.function.arguments | tojson) + '}\\n</tool_call>' -}}",
+    "{%- endfor -%}",
+    "{{- '<|im_end|>\\n' -}}",
+    "{%- endif -%}",
+    "{%- endfor -%}",
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}",
+);
+
+/// A ChatML template with Llama 3.1's tool format, written for tests: the tools are listed
+/// (indented JSON) in the first user turn, a call is the bare object `{"name": ...,
+/// "parameters": {...}}`, one call per turn, and results come back in an `ipython` turn.
+pub const LLAMA3_TOOLS_TEMPLATE: &str = concat!(
+    "{%- for message in messages -%}",
+    "{%- if message.role == 'user' and loop.first and tools -%}",
+    "{{- '<|im_start|>user\\nAnswer with a JSON function call {\"name\": function name, ",
+    "\"parameters\": argument object} using one of these functions:\\n' -}}",
+    "{%- for tool in tools -%}{{- (tool | tojson(indent=4)) + '\\n\\n' -}}{%- endfor -%}",
+    "{{- message.content + '<|im_end|>\\n' -}}",
+    "{%- elif message.role == 'tool' -%}",
+    "{{- '<|im_start|>ipython\\n' + message.content + '<|im_end|>\\n' -}}",
+    "{%- elif message.tool_calls -%}",
+    "{%- if message.tool_calls | length != 1 -%}{{- raise_exception('one call at a time') -}}{%- endif -%}",
+    "{%- set call = message.tool_calls[0].function -%}",
+    "{{- '<|im_start|>assistant\\n{\"name\": \"' + call.name + '\", \"parameters\": ' ",
+    "+ (call.arguments | tojson) + '}<|im_end|>\\n' -}}",
+    "{%- else -%}",
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}",
+    "{%- endif -%}",
+    "{%- endfor -%}",
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}",
+);
+
+/// [`write_tiny`] with `template` as the file's `tokenizer.chat_template` (for example
+/// [`HERMES_TOOLS_TEMPLATE`]).
+///
+/// Panics on failure: this is for tests.
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+pub fn write_tiny_templated(
+    path: &Path,
+    arch: TinyArch,
+    dtype: GgmlDType,
+    context: u32,
+    template: &str,
+) {
     let v = vocab();
     let n_vocab = v.tokens.len();
     // The k-quant file is Q4_K_M's mix: Q4_K, with Q6_K for the embeddings, V and down
@@ -383,7 +458,6 @@ pub fn write_tiny(path: &Path, arch: TinyArch, dtype: GgmlDType, context: u32) {
         }
         tensors.push((p("ffn_down"), q("ffn_down", random((hidden, ffn), s + 7))));
     }
-    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let strs = |xs: &[String]| Value::Array(xs.iter().map(|s| Value::String(s.clone())).collect());
     let a = arch.arch();
     let key = |k: &str| format!("{a}.{k}");

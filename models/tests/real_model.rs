@@ -43,6 +43,8 @@ fn ask(question: &str, max_tokens: usize) -> GenerateRequest {
 async fn knows_the_capital_of_france() {
     for policy in [Requantize::Off, Requantize::Q8_0] {
         let e = engine(policy);
+        // SmolLM2's ChatML template has no tool-call syntax (the generic format is used).
+        assert_eq!(e.tool_format(), None);
         let req = GenerateRequest {
             prompt: Prompt::Text("Germany: Berlin\nItaly: Rome\nFrance:".into()),
             max_tokens: 3,
@@ -149,6 +151,8 @@ async fn second_architecture_gemma3_generates() {
     let path = testing::second_chat_model();
     let e = Engine::load(&path, &EngineConfig::default()).expect("load gemma3");
     assert_eq!(e.info().architecture, "gemma3");
+    // Gemma 3's template has no tool-call syntax: tools use Starling's generic format.
+    assert_eq!(e.tool_format(), None);
     // A base (not instruction-tuned) model: continue a pattern. llama.cpp answers " Paris"
     // here too (llama-cpp-python 0.3.36, greedy).
     let req = GenerateRequest {

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::extract::{ApiJson, Documented};
 use super::state::{AppState, MemoryExamples, Metrics};
-use super::tools::{self, ToolPlan};
+use super::tools::{self, Syntax, ToolPlan};
 use crate::memory::DEFAULT_DOMAIN;
 
 /// Most stop sequences in one request.
@@ -285,8 +285,6 @@ fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiErr
     let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
     // Call ids of earlier assistant messages and the tools they named.
     let mut call_names: Vec<(String, String)> = Vec::new();
-    // The lines of the tool-result turn being built (the last message of `out`).
-    let mut tool_turn: Option<Vec<String>> = None;
     for (i, m) in messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
@@ -307,56 +305,34 @@ fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiErr
             }
         };
         let calls = m.tool_calls.filter(|t| !t.is_empty());
-        for call in calls.iter().flatten() {
-            if let (Some(id), Some(name)) = (
-                call.get("id").and_then(Value::as_str),
-                call.pointer("/function/name").and_then(Value::as_str),
-            ) {
-                call_names.push((id.to_string(), name.to_string()));
-            }
-        }
         if calls.is_some() && role != "assistant" {
             return Err(ApiError::invalid_param(
                 format!("messages[{i}].tool_calls"),
                 "only assistant messages carry tool_calls",
             ));
         }
-        let mut content = message_text(m.content, i)?;
+        let content = message_text(m.content, i)?;
         if let Some(calls) = calls {
-            // The model sees its earlier calls in the format it writes them.
-            let call_text = tools::history_calls(&calls, i)?;
-            content = if content.trim().is_empty() {
-                call_text
-            } else {
-                format!("{}\n{call_text}", content.trim_end())
-            };
-        }
-        if role == "tool" {
-            // Tool results reach the model as a user turn, which every chat template
-            // accepts, named after the call they answer and followed by a request to use
-            // them (wording that got SmolLM2-135M to state the result rather than talk past
-            // it); results of parallel calls share one turn.
-            let id = m.tool_call_id.unwrap_or_default();
-            let name = call_names
-                .iter()
-                .find(|(call, _)| *call == id)
-                .map_or("the tool", |(_, name)| name.as_str());
-            let lines = tool_turn.get_or_insert_with(|| {
-                out.push(ChatMessage::new("user", String::new()));
-                Vec::new()
-            });
-            lines.push(format!("{name} returned: {}", content.trim()));
-            let suffix = if lines.len() == 1 {
-                "Answer the question with this result."
-            } else {
-                "Answer the question with these results."
-            };
-            if let Some(last) = out.last_mut() {
-                last.content = format!("{}\n{suffix}", lines.join("\n"));
+            let calls = tools::history_calls(&calls, i)?;
+            for c in &calls {
+                call_names.push((c.id.clone(), c.function.name.clone()));
             }
+            out.push(ChatMessage::assistant_calls(content, calls));
             continue;
         }
-        tool_turn = None;
+        if role == "tool" {
+            // Named after the call it answers (the generic format and some templates show
+            // the name).
+            let id = m.tool_call_id;
+            let name = id.as_ref().and_then(|id| {
+                call_names
+                    .iter()
+                    .find(|(call, _)| call == id)
+                    .map(|(_, name)| name.clone())
+            });
+            out.push(ChatMessage::tool_result(id, name, content));
+            continue;
+        }
         out.push(ChatMessage::new(role, content));
     }
     Ok(out)
@@ -509,6 +485,8 @@ pub(crate) struct Started {
     pub model_id: String,
     /// Ids of the shared memories shown to the model as worked examples.
     pub shown: Vec<String>,
+    /// The syntax the model writes tool calls in, when the request offers tools.
+    pub tool_syntax: Option<Syntax>,
 }
 
 /// Picks the engine for `plan`, adds worked examples and tool instructions, admits the
@@ -522,9 +500,23 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
         .or(state.config().default_max_tokens)
         .unwrap_or(context)
         .max(1);
+    let syntax = Syntax::of(engine.tool_format());
     let constraint = match &plan.tools {
-        Some(tp) => Some(tp.constraint()),
+        Some(tp) => Some(tp.constraint(syntax)),
         None => constraint_for(&plan.format),
+    };
+    // A template with a tool format of its own lists the tools and renders calls and
+    // results itself; for any other, both are written in the generic format here.
+    let template_tools = match syntax {
+        Syntax::Native(_) => plan.tools.as_ref().map(ToolPlan::template_tools),
+        Syntax::Generic => {
+            plan.messages = tools::generic_history(std::mem::take(&mut plan.messages));
+            None
+        }
+    };
+    let chat_prompt = |messages: Vec<ChatMessage>| match &template_tools {
+        Some(tools) => Prompt::ChatWithTools(messages, tools.clone()),
+        None => Prompt::Chat(messages),
     };
     let request = |prompt: Prompt| GenerateRequest {
         prompt,
@@ -550,7 +542,7 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
                 as_sent = Some(std::mem::replace(&mut plan.messages, messages));
             }
         }
-        if let Some(tp) = &plan.tools {
+        if let (Some(tp), Syntax::Generic) = (&plan.tools, syntax) {
             tp.instruct(&mut plan.messages);
             if let Some(sent) = as_sent.as_mut() {
                 tp.instruct(sent);
@@ -558,11 +550,11 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
         }
         let permit = state.admit()?;
         let messages = std::mem::take(&mut plan.messages);
-        let mut generation = generate(&engine, request(Prompt::Chat(messages))).await?;
+        let mut generation = generate(&engine, request(chat_prompt(messages))).await?;
         if let (Err(ModelError::ContextOverflow { .. }), Some(messages)) = (&generation, as_sent) {
             tracing::debug!("worked examples do not fit the context; answering without them");
             shown.clear();
-            generation = generate(&engine, request(Prompt::Chat(messages))).await?;
+            generation = generate(&engine, request(chat_prompt(messages))).await?;
         }
         (generation, permit)
     };
@@ -582,6 +574,7 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
         run: Run::new(state, permit),
         model_id: engine.info().id.clone(),
         shown,
+        tool_syntax: plan.tools.is_some().then_some(syntax),
     })
 }
 
@@ -598,6 +591,7 @@ pub(crate) async fn chat_completions(
             run,
             model_id,
             shown,
+            tool_syntax,
         } = start(&state, &mut first).await?;
         let events = stream_events(StreamState {
             generation,
@@ -610,7 +604,7 @@ pub(crate) async fn chat_completions(
             include_usage: plan.include_usage,
             shutdown: state.shutdown_token().clone(),
             phase: Phase::Role,
-            tool_text: plan.tools.is_some().then(ToolText::default),
+            tool_text: tool_syntax.map(ToolText::new),
             queue: std::collections::VecDeque::new(),
             logprobs: plan.logprobs.map(|_| Vec::new()),
         });
@@ -626,18 +620,17 @@ pub(crate) async fn chat_completions(
     for (index, mut one) in choice_plans(&plan).into_iter().enumerate() {
         let started = start(&state, &mut one).await?;
         if index == 0 {
-            model = started.model_id;
-            shown = started.shown;
+            model = started.model_id.clone();
+            shown = started.shown.clone();
         }
         let Collected {
             text,
             done,
             logprobs,
         } = collect(started.generation, started.run, &state).await?;
-        let calls = plan
-            .tools
-            .as_ref()
-            .and_then(|_| tools::read_calls(&text, call_id));
+        let calls = started
+            .tool_syntax
+            .and_then(|syntax| syntax.read_calls(&text, call_id));
         let (message, finish) = match calls {
             Some(calls) => (
                 json!({"role": "assistant", "content": null, "refusal": null,
@@ -953,12 +946,22 @@ struct StreamState {
 }
 
 /// A streamed answer with tools: text is held back until its first character tells a
-/// call (`{`, held to the end and sent as one `tool_calls` delta) from an answer (sent as
-/// it comes).
-#[derive(Default)]
+/// call (`{`, or `<` in the Hermes format: held to the end and sent as one `tool_calls`
+/// delta) from an answer (sent as it comes).
 struct ToolText {
+    syntax: Syntax,
     text: String,
     call: Option<bool>,
+}
+
+impl ToolText {
+    fn new(syntax: Syntax) -> Self {
+        Self {
+            syntax,
+            text: String::new(),
+            call: None,
+        }
+    }
 }
 
 impl StreamState {
@@ -1029,7 +1032,7 @@ fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infalli
                                 match held.text.trim_start().chars().next() {
                                     // Nothing telling yet, or a call: keep holding.
                                     None => return Some((Ok(Event::default().comment("")), st)),
-                                    Some('{') => {
+                                    Some(c) if held.syntax.opens_call(c) => {
                                         held.call = Some(true);
                                         return Some((Ok(Event::default().comment("")), st));
                                     }
@@ -1049,13 +1052,11 @@ fn stream_events(state: StreamState) -> impl Stream<Item = Result<Event, Infalli
                         } else {
                             Phase::Done
                         };
-                        let held = st
-                            .tool_text
-                            .take()
-                            .filter(|h| h.call != Some(false))
-                            .map(|h| h.text);
+                        let held = st.tool_text.take().filter(|h| h.call != Some(false));
                         match held {
-                            Some(text) => match tools::read_calls(&text, call_id) {
+                            Some(ToolText { syntax, text, .. }) => match syntax
+                                .read_calls(&text, call_id)
+                            {
                                 Some(calls) => {
                                     let deltas: Vec<Value> = calls
                                         .iter()

@@ -477,17 +477,17 @@ impl Shape {
 /// Runs `plan` and answers in `shape`, whole or streamed.
 async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Response> {
     let began = Instant::now();
-    let with_tools = plan.tools.is_some();
     let scored = plan.logprobs.is_some();
     let Started {
         generation,
         run,
         model_id,
         shown,
+        tool_syntax,
     } = chat::start(&state, &mut plan).await?;
     let mut response = if plan.stream {
         let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
-        let lines = stream_lines(pieces, model_id, shape, began, with_tools, scored);
+        let lines = stream_lines(pieces, model_id, shape, began, tool_syntax, scored);
         let mut r = Response::new(Body::from_stream(lines));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -500,9 +500,7 @@ async fn answer(state: AppState, mut plan: ChatPlan, shape: Shape) -> Result<Res
             done,
             logprobs,
         } = chat::collect(generation, run, &state).await?;
-        let calls = with_tools
-            .then(|| tools::read_calls(&text, chat::call_id))
-            .flatten();
+        let calls = tool_syntax.and_then(|syntax| syntax.read_calls(&text, chat::call_id));
         let mut m = match &calls {
             Some(calls) => shape.line(&model_id, "", Some(ollama_calls(calls))),
             None => shape.line(&model_id, &text, None),
@@ -530,16 +528,18 @@ fn ndjson(v: &Value) -> std::result::Result<Bytes, Infallible> {
 /// The lines of a streamed answer: one per piece of text, then the last with the counts.
 /// An error after the first line is sent as `{"error": "..."}`, as Ollama does. With
 /// tools, text is held while it may still be a call (it is one when its first character
-/// is `{`; then it is held to the end and sent as `tool_calls`).
+/// opens a call in the model's syntax, `{` or `<`; then it is held to the end and sent as
+/// `tool_calls`).
 fn stream_lines(
     pieces: impl Stream<Item = chat::Piece>,
     model: String,
     shape: Shape,
     began: Instant,
-    with_tools: bool,
+    tool_syntax: Option<tools::Syntax>,
     scored: bool,
 ) -> impl Stream<Item = std::result::Result<Bytes, Infallible>> {
-    let mut held = with_tools.then(String::new);
+    let mut held = tool_syntax.map(|_| String::new());
+    let opens_call = move |c| tool_syntax.is_some_and(|s| s.opens_call(c));
     // Log-probabilities go out with the line that carries their tokens' text.
     let mut pending: Vec<TokenLogprob> = Vec::new();
     pieces.filter_map(move |piece| {
@@ -554,7 +554,8 @@ fn stream_lines(
                     Some(h) => {
                         h.push_str(&text);
                         match h.trim_start().chars().next() {
-                            None | Some('{') => None,
+                            None => None,
+                            Some(c) if opens_call(c) => None,
                             Some(_) => {
                                 let text = std::mem::take(h);
                                 held = None;
@@ -570,8 +571,9 @@ fn stream_lines(
                 })
             }
             chat::Piece::Done(done) => {
+                let calls = |h: &str| tool_syntax?.read_calls(h, chat::call_id);
                 let mut last = match held.take() {
-                    Some(h) => match tools::read_calls(&h, chat::call_id) {
+                    Some(h) => match calls(&h) {
                         Some(calls) => shape.line(&model, "", Some(ollama_calls(&calls))),
                         None => shape.line(&model, &h, None),
                     },

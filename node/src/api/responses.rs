@@ -29,7 +29,7 @@ use super::chat::{self, ChatCompletionRequest, Collected, Started};
 use super::error::ApiError;
 use super::extract::{ApiJson, Documented};
 use super::state::AppState;
-use super::tools::{self, ToolCall};
+use super::tools::{Syntax, ToolCall};
 
 /// The request body.
 #[derive(Debug, Deserialize)]
@@ -464,6 +464,7 @@ pub(crate) async fn responses(
         generation,
         run,
         model_id,
+        tool_syntax,
         ..
     } = chat::start(&state, &mut plan).await.map_err(in_our_words)?;
     let shell = Shell {
@@ -472,13 +473,10 @@ pub(crate) async fn responses(
         model: model_id,
         echoed,
     };
-    let tools = plan.tools.is_some();
     if !plan.stream {
         let Collected { text, done, .. } = chat::collect(generation, run, &state).await?;
         let status = status_of(done.finish_reason);
-        let calls = tools
-            .then(|| tools::read_calls(&text, chat::call_id))
-            .flatten();
+        let calls = tool_syntax.and_then(|syntax| syntax.read_calls(&text, chat::call_id));
         let output: Vec<Value> = match calls {
             Some(calls) => calls
                 .iter()
@@ -488,7 +486,7 @@ pub(crate) async fn responses(
         };
         return Ok(Json(shell.response(status, &output, Some(&done))).into_response());
     }
-    let mut writer = Writer::new(shell, tools);
+    let mut writer = Writer::new(shell, tool_syntax);
     let first = writer.start();
     let pieces = chat::pieces(generation, run, state.shutdown_token().clone());
     let events = futures::stream::iter(first)
@@ -520,18 +518,19 @@ struct Writer {
     items: Vec<Value>,
     /// The message being written: its id and text so far.
     message: Option<(String, String)>,
-    /// Text held back while it may be a tool call (it starts with `{`, or is blank yet).
-    held: Option<String>,
+    /// Text held back while it may be a tool call (it starts as a call does in the model's
+    /// syntax, or is blank yet), and that syntax.
+    held: Option<(String, Syntax)>,
 }
 
 impl Writer {
-    fn new(shell: Shell, tools: bool) -> Self {
+    fn new(shell: Shell, tools: Option<Syntax>) -> Self {
         Self {
             shell,
             seq: 0,
             items: Vec::new(),
             message: None,
-            held: tools.then(String::new),
+            held: tools.map(|syntax| (String::new(), syntax)),
         }
     }
 
@@ -551,12 +550,13 @@ impl Writer {
     }
 
     fn text(&mut self, t: &str) -> Vec<Value> {
-        if let Some(held) = self.held.as_mut() {
+        if let Some((held, syntax)) = self.held.as_mut() {
             held.push_str(t);
             match held.trim_start().chars().next() {
-                None | Some('{') => return Vec::new(),
+                None => return Vec::new(),
+                Some(c) if syntax.opens_call(c) => return Vec::new(),
                 Some(_) => {
-                    let all = self.held.take().unwrap_or_default();
+                    let all = self.held.take().map(|(all, _)| all).unwrap_or_default();
                     return self.write_text(&all);
                 }
             }
@@ -650,8 +650,8 @@ impl Writer {
     fn done(&mut self, done: &Completion) -> Vec<Value> {
         let status = status_of(done.finish_reason);
         let mut out = Vec::new();
-        if let Some(held) = self.held.take() {
-            match tools::read_calls(&held, chat::call_id) {
+        if let Some((held, syntax)) = self.held.take() {
+            match syntax.read_calls(&held, chat::call_id) {
                 Some(calls) => {
                     for c in &calls {
                         out.extend(self.write_call(c));
@@ -819,7 +819,7 @@ mod tests {
 
     #[test]
     fn a_streamed_answer_is_a_whole_sequence_of_typed_events() {
-        let mut w = Writer::new(shell(), false);
+        let mut w = Writer::new(shell(), None);
         let mut events = w.start();
         events.extend(w.text("Hel"));
         events.extend(w.text("lo"));
@@ -853,7 +853,7 @@ mod tests {
 
     #[test]
     fn a_streamed_tool_call_is_held_and_sent_as_a_function_call_item() {
-        let mut w = Writer::new(shell(), true);
+        let mut w = Writer::new(shell(), Some(Syntax::Generic));
         let mut events = w.start();
         events.extend(w.text(" {\"tool_calls\": [{\"name\": \"weather\", "));
         assert_eq!(events.len(), 2, "a call is held until it is whole");
@@ -867,7 +867,7 @@ mod tests {
             .iter()
             .any(|e| e["type"] == "response.function_call_arguments.done"));
         // Text that is no call is streamed as soon as that is clear.
-        let mut w = Writer::new(shell(), true);
+        let mut w = Writer::new(shell(), Some(Syntax::Generic));
         assert!(w.text("  ").is_empty());
         let out = w.text("Hi");
         assert_eq!(out.last().map(|e| e["delta"].clone()), Some(json!("  Hi")));
@@ -875,7 +875,7 @@ mod tests {
 
     #[test]
     fn a_response_cut_by_max_output_tokens_is_incomplete() {
-        let mut w = Writer::new(shell(), false);
+        let mut w = Writer::new(shell(), None);
         w.start();
         w.text("abc");
         let out = w.done(&done(FinishReason::Length));

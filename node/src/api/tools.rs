@@ -1,18 +1,25 @@
 //! Tool calling for `POST /v1/chat/completions` (OpenAI's `tools`, `tool_choice`,
 //! `parallel_tool_calls`, assistant `tool_calls` and `tool` messages).
 //!
-//! Starling's generic tool format, used with every model: the tools are listed in a system
-//! message, and a call is the JSON object `{"tool_calls": [{"name": ..., "arguments":
-//! {...}}]}`. The constraint engine writes that object under a schema built from the tools'
+//! A call is written in the model's own format when its chat template has one
+//! ([`ToolFormat`], found by rendering a probe when the model loads): the template lists
+//! the tools and renders earlier calls and results, and the model writes Hermes-style
+//! `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Qwen 2.5, Qwen 3,
+//! SmolLM3) or Llama 3.1's bare `{"name": ..., "parameters": {...}}` object. Otherwise
+//! Starling's generic format is used, which works with any template: the tools are listed
+//! in a system message, a call is the JSON object `{"tool_calls": [{"name": ...,
+//! "arguments": {...}}]}`, earlier calls are shown in that format and tool results as a
+//! user turn.
+//!
+//! Either way the constraint engine writes the call under a grammar built from the tools'
 //! own parameter schemas, so every call parses and its arguments validate: with `required`
 //! or a named tool the output must be a call; with `auto` the grammar lets the model either
-//! write such a call or a plain answer that does not start with `{`, a constrained choice
-//! between calling and answering. (Chat templates with a tool format of their own, such as
-//! Qwen's `<tool_call>`, are not used yet: the generic format works with any template.)
+//! write a call or a plain answer that does not start as a call does (`{`, or `<` for the
+//! Hermes format), a constrained choice between calling and answering.
 
 use serde_json::{json, Map, Value};
-use starling_models::chat::ChatMessage;
-use starling_models::constraint::Constraint;
+use starling_models::chat::{ChatMessage, ChatToolCall, ToolFormat};
+use starling_models::constraint::{json_layout_for_lark, Constraint};
 
 use super::error::ApiError;
 
@@ -56,6 +63,85 @@ pub struct ToolPlan {
     pub choice: ToolChoice,
     /// Several calls in one answer allowed (`parallel_tool_calls`, default true).
     pub parallel: bool,
+}
+
+/// The syntax the model writes calls in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Syntax {
+    /// Starling's own: `{"tool_calls": [{"name": ..., "arguments": {...}}]}`, tools listed
+    /// in a system message.
+    Generic,
+    /// The chat template's own format.
+    Native(ToolFormat),
+}
+
+impl Syntax {
+    /// The syntax for a model whose template has `format` (or none).
+    pub fn of(format: Option<ToolFormat>) -> Self {
+        format.map_or(Self::Generic, Self::Native)
+    }
+
+    /// Whether output whose first non-blank character is `c` is (the start of) a call.
+    pub fn opens_call(self, c: char) -> bool {
+        match self {
+            Self::Native(ToolFormat::Hermes) => c == '<',
+            Self::Generic | Self::Native(ToolFormat::Llama3Json) => c == '{',
+        }
+    }
+
+    /// Reads the model's output: the calls when it wrote calls, `None` for a plain answer
+    /// (or a call cut short before any call was whole). `ids` makes the call ids.
+    pub fn read_calls(
+        self,
+        output: &str,
+        mut ids: impl FnMut() -> String,
+    ) -> Option<Vec<ToolCall>> {
+        let text = output.trim_start();
+        if !text.chars().next().is_some_and(|c| self.opens_call(c)) {
+            return None;
+        }
+        let (calls, args_key) = match self {
+            Self::Generic => {
+                let v: Value = serde_json::from_str(text.trim_end())
+                    .ok()
+                    .or_else(|| whole_calls(text))?;
+                (v.get("tool_calls")?.as_array()?.clone(), "arguments")
+            }
+            Self::Native(ToolFormat::Hermes) => (hermes_calls(text), "arguments"),
+            Self::Native(ToolFormat::Llama3Json) => (
+                vec![serde_json::from_str(text.trim_end()).ok()?],
+                "parameters",
+            ),
+        };
+        let out: Vec<ToolCall> = calls
+            .iter()
+            .filter_map(|c| {
+                Some(ToolCall {
+                    id: ids(),
+                    name: c.get("name")?.as_str()?.to_string(),
+                    arguments: c.get(args_key)?.to_string(),
+                })
+            })
+            .collect();
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+/// The whole `<tool_call>` blocks of Hermes-style output, in order (a block cut short by
+/// `max_tokens` is left out).
+fn hermes_calls(text: &str) -> Vec<Value> {
+    const OPEN: &str = "<tool_call>";
+    const CLOSE: &str = "</tool_call>";
+    let mut out = Vec::new();
+    let mut rest = text.trim_start();
+    while let Some(after) = rest.strip_prefix(OPEN) {
+        let Some(end) = after.find(CLOSE) else { break };
+        if let Ok(v) = serde_json::from_str(after[..end].trim()) {
+            out.push(v);
+        }
+        rest = after[end + CLOSE.len()..].trim_start();
+    }
+    out
 }
 
 fn bad(param: impl Into<String>, message: impl Into<String>) -> ApiError {
@@ -207,23 +293,38 @@ impl ToolPlan {
         })
     }
 
-    /// JSON Schema of the call object.
-    pub fn call_schema(&self) -> Value {
+    /// Most calls in one answer.
+    fn max_calls(&self) -> usize {
+        if self.parallel {
+            MAX_PARALLEL
+        } else {
+            1
+        }
+    }
+
+    /// JSON Schema of one call: `{"name": <a callable tool>, <args_key>: <its arguments>}`.
+    fn one_call_schema(&self, args_key: &str) -> Value {
         let items: Vec<Value> = self
             .callable()
             .map(|t| {
+                let mut properties = Map::new();
+                properties.insert("name".into(), json!({"const": t.name}));
+                properties.insert(args_key.into(), t.parameters.clone());
                 json!({
                     "type": "object",
-                    "properties": {
-                        "name": {"const": t.name},
-                        "arguments": t.parameters,
-                    },
-                    "required": ["name", "arguments"],
+                    "properties": properties,
+                    "required": ["name", args_key],
                     "additionalProperties": false,
                 })
             })
             .collect();
-        let max = if self.parallel { MAX_PARALLEL } else { 1 };
+        json!({"anyOf": items})
+    }
+
+    /// JSON Schema of the generic format's call object.
+    pub fn call_schema(&self) -> Value {
+        let items = self.one_call_schema("arguments")["anyOf"].clone();
+        let max = self.max_calls();
         json!({
             "type": "object",
             "properties": {
@@ -239,16 +340,55 @@ impl ToolPlan {
         })
     }
 
-    /// The constraint on the output: a call, or (with `auto`) a call or an answer that does
-    /// not start with `{`.
-    pub fn constraint(&self) -> Constraint {
-        let schema = self.call_schema();
-        match self.choice {
-            ToolChoice::Auto => Constraint::Lark(format!(
-                "start: call | ANSWER\ncall: %json {schema}\nANSWER: /[^{{\\s][\\s\\S]*/\n"
+    /// The constraint on the output in `syntax`: calls, or (with `auto`) calls or an answer
+    /// that does not start as a call does.
+    pub fn constraint(&self, syntax: Syntax) -> Constraint {
+        let auto = self.choice == ToolChoice::Auto;
+        // One JSON value that is the call, or (with `auto`) that or an answer not opening
+        // with `{`.
+        let one_object = |schema: Value| match auto {
+            true => Constraint::Lark(format!(
+                "start: call | ANSWER\ncall: %json {}\nANSWER: /[^{{\\s][\\s\\S]*/\n",
+                json_layout_for_lark(&schema)
             )),
-            _ => Constraint::JsonSchema(schema),
+            false => Constraint::JsonSchema(schema),
+        };
+        match syntax {
+            Syntax::Generic => one_object(self.call_schema()),
+            // One call per turn: Llama 3.1's templates refuse more in the history.
+            Syntax::Native(ToolFormat::Llama3Json) => {
+                one_object(self.one_call_schema("parameters"))
+            }
+            Syntax::Native(ToolFormat::Hermes) => {
+                let schema = json_layout_for_lark(&self.one_call_schema("arguments"));
+                let calls = match self.max_calls() - 1 {
+                    0 => "call".to_string(),
+                    more => format!("call (\"\\n\" call){{0,{more}}}"),
+                };
+                let start = if auto { "calls | ANSWER" } else { "calls" };
+                Constraint::Lark(format!(
+                    "start: {start}\ncalls: {calls}\n\
+                     call: \"<tool_call>\\n\" args \"\\n</tool_call>\"\n\
+                     args: %json {schema}\nANSWER: /[^<\\s][\\s\\S]*/\n"
+                ))
+            }
         }
+    }
+
+    /// The tools as the chat template reads them (OpenAI's function definitions).
+    pub fn template_tools(&self) -> Value {
+        Value::Array(
+            self.tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    }})
+                })
+                .collect(),
+        )
     }
 
     /// The system text that lists the tools and the call format.
@@ -306,30 +446,6 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-/// Reads the model's output: the calls when it wrote a call object, `None` for a plain
-/// answer. `ids` makes the call ids.
-pub fn read_calls(output: &str, mut ids: impl FnMut() -> String) -> Option<Vec<ToolCall>> {
-    let text = output.trim_start();
-    if !text.starts_with('{') {
-        return None;
-    }
-    let v: Value = serde_json::from_str(text.trim_end())
-        .ok()
-        .or_else(|| whole_calls(text))?;
-    let calls = v.get("tool_calls")?.as_array()?;
-    let out: Vec<ToolCall> = calls
-        .iter()
-        .filter_map(|c| {
-            Some(ToolCall {
-                id: ids(),
-                name: c.get("name")?.as_str()?.to_string(),
-                arguments: c.get("arguments")?.to_string(),
-            })
-        })
-        .collect();
-    (!out.is_empty()).then_some(out)
-}
-
 /// The calls that were complete when a call object was cut short (by `max_tokens`, often
 /// while a small model adds one parallel call after another): the text up to the last
 /// call that closed, with the array and object closed after it.
@@ -377,9 +493,10 @@ pub fn openai_calls(calls: &[ToolCall]) -> Value {
     )
 }
 
-/// The text an earlier assistant message with `tool_calls` becomes in the prompt: the call
-/// object of the generic format, so the model sees its own calls as it wrote them.
-pub fn history_calls(tool_calls: &[Value], i: usize) -> Result<String, ApiError> {
+/// The calls of an earlier assistant message (OpenAI's `tool_calls`), for the chat
+/// template: arguments, which OpenAI sends as a JSON string, become the object templates
+/// expect.
+pub fn history_calls(tool_calls: &[Value], i: usize) -> Result<Vec<ChatToolCall>, ApiError> {
     let mut calls = Vec::with_capacity(tool_calls.len());
     for (j, c) in tool_calls.iter().enumerate() {
         let f = c.get("function").filter(|f| f.is_object());
@@ -397,12 +514,59 @@ pub fn history_calls(tool_calls: &[Value], i: usize) -> Result<String, ApiError>
                 format!("arguments are not JSON: {e}"),
             )
         })?;
-        let mut call = Map::new();
-        call.insert("name".into(), Value::String(name.to_string()));
-        call.insert("arguments".into(), args);
-        calls.push(Value::Object(call));
+        let id = c.get("id").and_then(Value::as_str).unwrap_or_default();
+        calls.push(ChatToolCall::function(id, name, args));
     }
-    Ok(json!({"tool_calls": calls}).to_string())
+    Ok(calls)
+}
+
+/// A conversation with tool calls and results, for a template without a tool format: an
+/// assistant's calls are appended to its text as the generic call object (so the model sees
+/// its own calls as it wrote them), and tool results become a user turn, which every chat
+/// template accepts, naming the tool and followed by a request to use them (wording that
+/// got SmolLM2-135M to state the result rather than talk past it); the results of parallel
+/// calls share one turn.
+pub fn generic_history(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len());
+    // The lines of the tool-result turn being built (the last message of `out`).
+    let mut tool_turn: Option<Vec<String>> = None;
+    for m in messages {
+        if m.role == "tool" {
+            let name = m.name.as_deref().unwrap_or("the tool");
+            let lines = tool_turn.get_or_insert_with(|| {
+                out.push(ChatMessage::user(String::new()));
+                Vec::new()
+            });
+            lines.push(format!("{name} returned: {}", m.content.trim()));
+            let suffix = if lines.len() == 1 {
+                "Answer the question with this result."
+            } else {
+                "Answer the question with these results."
+            };
+            if let Some(last) = out.last_mut() {
+                last.content = format!("{}\n{suffix}", lines.join("\n"));
+            }
+            continue;
+        }
+        tool_turn = None;
+        if m.tool_calls.is_empty() {
+            out.push(m);
+            continue;
+        }
+        let calls: Vec<Value> = m
+            .tool_calls
+            .iter()
+            .map(|c| json!({"name": c.function.name, "arguments": c.function.arguments}))
+            .collect();
+        let call_text = json!({ "tool_calls": calls }).to_string();
+        let content = if m.content.trim().is_empty() {
+            call_text
+        } else {
+            format!("{}\n{call_text}", m.content.trim_end())
+        };
+        out.push(ChatMessage::new(m.role, content));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -471,24 +635,124 @@ mod tests {
             n += 1;
             format!("call_{n}")
         };
+        let generic = Syntax::Generic;
         let out = r#"{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}"#;
-        let calls = read_calls(out, &mut ids).unwrap();
+        let calls = generic.read_calls(out, &mut ids).unwrap();
         assert_eq!(calls[0].name, "get_weather");
         assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
         assert_eq!(calls[0].id, "call_1");
-        assert!(read_calls("It is sunny.", &mut ids).is_none());
+        assert!(generic.read_calls("It is sunny.", &mut ids).is_none());
         // Cut short in a second call: the first, complete one is kept.
         let cut =
             r#"{"tool_calls": [{"name": "a", "arguments": {"s": "x}]"}}, {"name": "b", "argu"#;
-        let salvaged = read_calls(cut, &mut ids).unwrap();
+        let salvaged = generic.read_calls(cut, &mut ids).unwrap();
         assert_eq!(salvaged.len(), 1);
         assert_eq!(salvaged[0].arguments, r#"{"s":"x}]"}"#);
-        assert!(read_calls(r#"{"tool_calls": [{"name": "a", "argu"#, &mut ids).is_none());
-        let history = history_calls(&openai_calls(&calls).as_array().unwrap().clone(), 1).unwrap();
+        assert!(generic
+            .read_calls(r#"{"tool_calls": [{"name": "a", "argu"#, &mut ids)
+            .is_none());
+        // The same calls in the history, then their results: the assistant turn shows the
+        // call object as the model wrote it, the results become one user turn.
+        let openai = openai_calls(&calls);
+        let history = vec![
+            ChatMessage::user("Weather?"),
+            ChatMessage::assistant_calls("", history_calls(openai.as_array().unwrap(), 1).unwrap()),
+            ChatMessage::tool_result(Some("call_1".into()), Some("get_weather".into()), " 4 C "),
+            ChatMessage::tool_result(None, None, "windy"),
+        ];
+        let lowered = generic_history(history);
+        assert_eq!(lowered.len(), 3);
         assert_eq!(
-            serde_json::from_str::<Value>(&history).unwrap(),
+            serde_json::from_str::<Value>(&lowered[1].content).unwrap(),
             serde_json::from_str::<Value>(out).unwrap()
         );
+        assert!(lowered[1].tool_calls.is_empty());
+        assert_eq!(lowered[2].role, "user");
+        assert_eq!(
+            lowered[2].content,
+            "get_weather returned: 4 C\nthe tool returned: windy\n\
+             Answer the question with these results."
+        );
         assert!(history_calls(&[json!({"function": {"name": "x", "arguments": "{"}})], 0).is_err());
+    }
+
+    #[test]
+    fn native_calls_are_read_in_the_templates_syntax() {
+        let ids = || "call_x".to_string();
+        let hermes = Syntax::Native(ToolFormat::Hermes);
+        let two =
+            "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"s\": \"</tool\"}}\n</tool_call>\n\
+                   <tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+        let calls = hermes.read_calls(two, ids).unwrap();
+        assert_eq!(
+            calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.as_str()))
+                .collect::<Vec<_>>(),
+            [("a", r#"{"s":"</tool"}"#), ("b", "{}")]
+        );
+        // Cut short inside the second block: the first is kept; inside the first: text.
+        let cut = &two[..two.len() - 20];
+        assert_eq!(hermes.read_calls(cut, ids).unwrap().len(), 1);
+        assert!(hermes.read_calls(&two[..20], ids).is_none());
+        assert!(hermes.read_calls("It is sunny.", ids).is_none());
+        assert!(hermes.opens_call('<') && !hermes.opens_call('{'));
+
+        let llama = Syntax::Native(ToolFormat::Llama3Json);
+        let one = r#"{"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
+        let calls = llama.read_calls(one, ids).unwrap();
+        assert_eq!(
+            (calls[0].name.as_str(), calls[0].arguments.as_str()),
+            ("get_weather", r#"{"city":"Oslo"}"#)
+        );
+        assert!(llama
+            .read_calls(r#"{"name": "get_weather", "parame"#, ids)
+            .is_none());
+        assert!(llama.opens_call('{') && !llama.opens_call('<'));
+    }
+
+    #[test]
+    fn native_constraints_name_only_the_allowed_tools_in_the_templates_syntax() {
+        let other = json!({"type": "function", "function": {"name": "other"}});
+        let plan = parse(Some(&[weather(), other.clone()]), None, Some(true))
+            .unwrap()
+            .unwrap();
+        let Constraint::Lark(hermes) = plan.constraint(Syntax::Native(ToolFormat::Hermes)) else {
+            panic!("Hermes calls are a grammar");
+        };
+        assert!(hermes.starts_with("start: calls | ANSWER\n"), "{hermes}");
+        assert!(
+            hermes.contains(&format!("{{0,{}}}", MAX_PARALLEL - 1)),
+            "{hermes}"
+        );
+        assert!(
+            hermes.contains(r#""<tool_call>\n" args "\n</tool_call>""#),
+            "{hermes}"
+        );
+        assert!(
+            hermes.contains(r#""const":"get_weather""#) && hermes.contains(r#""const":"other""#)
+        );
+        let named = json!({"type": "function", "function": {"name": "other"}});
+        let plan = parse(Some(&[weather(), other]), Some(&named), Some(false))
+            .unwrap()
+            .unwrap();
+        let Constraint::Lark(hermes) = plan.constraint(Syntax::Native(ToolFormat::Hermes)) else {
+            panic!("Hermes calls are a grammar");
+        };
+        assert!(
+            hermes.starts_with("start: calls\ncalls: call\n"),
+            "{hermes}"
+        );
+        assert!(!hermes.contains("get_weather"), "{hermes}");
+        let Constraint::JsonSchema(llama) = plan.constraint(Syntax::Native(ToolFormat::Llama3Json))
+        else {
+            panic!("a named Llama 3 call is a schema");
+        };
+        assert_eq!(llama["anyOf"][0]["required"], json!(["name", "parameters"]));
+        assert_eq!(llama["anyOf"].as_array().unwrap().len(), 1);
+        // The template is given every tool, in OpenAI's shape.
+        let listed = plan.template_tools();
+        assert_eq!(listed[0]["function"]["name"], "get_weather");
+        assert_eq!(listed[1]["type"], "function");
     }
 }

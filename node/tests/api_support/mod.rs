@@ -21,6 +21,19 @@ pub fn write_tiny_llama(dir: &Path, name: &str, context: u32) -> PathBuf {
     path
 }
 
+/// [`write_tiny_llama`] of architecture `arch` with `template` as its chat template.
+pub fn write_tiny_templated(
+    dir: &Path,
+    name: &str,
+    arch: starling_models::testing::TinyArch,
+    context: u32,
+    template: &str,
+) -> PathBuf {
+    let path = dir.join(format!("{name}.gguf"));
+    starling_models::testing::write_tiny_templated(&path, arch, GgmlDType::Q8_0, context, template);
+    path
+}
+
 /// A server running the API on a free loopback port.
 pub struct Server {
     pub addr: SocketAddr,
