@@ -22,10 +22,11 @@ use crate::gguf::GgufFile;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Requantize {
-    /// Leave the file as it is when Starling's own CPU kernels run every weight type in it
-    /// (llama-shaped files in Q8_0, Q4_0, Q4_1 or the Q4_K_M/Q5_K_M k-quant mixes: measured
-    /// faster on the shipped Q4_1 file than a Q8_0 copy, see `benches/RESULTS.md`);
-    /// otherwise convert what candle runs slowly (Q4_1, Q5_0, Q5_1) to Q8_0. The default.
+    /// Leave the file as it is when Starling's own CPU kernels will run it on this CPU
+    /// (llama-shaped files in Q8_0, Q4_0, Q4_1 or the Q4_K_M/Q5_K_M k-quant mixes, on a CPU
+    /// with AVX2, AVX-512 or NEON: measured faster on the shipped Q4_1 file than a Q8_0
+    /// copy, see `benches/RESULTS.md`); otherwise convert what candle runs slowly (Q4_1,
+    /// Q5_0, Q5_1) to Q8_0. The default.
     #[default]
     Auto,
     /// Convert them to Q8_0 (no quality loss against a 4-bit source).

@@ -69,10 +69,54 @@ pub enum Isa {
     Scalar,
 }
 
+/// Environment variable that caps the instruction set the kernels use: `scalar`, `avx2`,
+/// `avx512` or `neon` (for measuring one tier on a CPU that has a better one, or for working
+/// around a CPU that misreports a feature). A tier the CPU lacks, or an unknown name, is
+/// ignored with a warning.
+pub const ISA_ENV: &str = "STARLING_ISA";
+
 impl Isa {
-    /// The best instruction set this CPU supports.
+    /// The best instruction set this CPU supports, or the one [`ISA_ENV`] asks for when the
+    /// CPU has it.
     pub fn detect() -> Self {
-        Self::available().into_iter().next().unwrap_or(Self::Scalar)
+        Self::choose(std::env::var(ISA_ENV).ok().as_deref()).0
+    }
+
+    /// The tier to use when [`ISA_ENV`] holds `wanted`, and why it is not the one asked for
+    /// when it is not (the CPU lacks it, or the name is unknown). (No logging here: this
+    /// file also builds alone, for the NEON tests under qemu.)
+    pub fn choose(wanted: Option<&str>) -> (Self, Option<String>) {
+        let available = Self::available();
+        let best = available.first().copied().unwrap_or(Self::Scalar);
+        let Some(wanted) = wanted.filter(|w| !w.is_empty()) else {
+            return (best, None);
+        };
+        match Self::from_name(wanted) {
+            Some(isa) if available.contains(&isa) => (isa, None),
+            Some(_) => (
+                best,
+                Some(format!(
+                    "{ISA_ENV}={wanted}: this CPU lacks it; using {best:?}"
+                )),
+            ),
+            None => (
+                best,
+                Some(format!(
+                    "{ISA_ENV}={wanted} is not one of scalar, avx2, avx512, neon; using {best:?}"
+                )),
+            ),
+        }
+    }
+
+    /// The tier [`ISA_ENV`] names, case-insensitive.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "scalar" => Some(Self::Scalar),
+            "avx2" => Some(Self::Avx2),
+            "avx512" | "avx512vnni" | "avx512_vnni" => Some(Self::Avx512Vnni),
+            "neon" => Some(Self::Neon),
+            _ => None,
+        }
     }
 
     /// Every instruction set this CPU supports, best first (always ends with `Scalar`).
@@ -834,6 +878,21 @@ mod tests {
     #[test]
     fn scalar_is_always_available() {
         assert_eq!(Isa::available().last(), Some(&Isa::Scalar));
+    }
+
+    #[test]
+    fn tiers_are_named_as_the_environment_variable_takes_them() {
+        assert_eq!(Isa::from_name("Scalar"), Some(Isa::Scalar));
+        assert_eq!(Isa::from_name("AVX2"), Some(Isa::Avx2));
+        assert_eq!(Isa::from_name("avx512"), Some(Isa::Avx512Vnni));
+        assert_eq!(Isa::from_name("neon"), Some(Isa::Neon));
+        assert_eq!(Isa::from_name("sse4"), None);
+        // Scalar is on every CPU; an unknown name is ignored with a reason.
+        assert_eq!(Isa::choose(Some("scalar")), (Isa::Scalar, None));
+        assert_eq!(Isa::choose(None), (Isa::available()[0], None));
+        let (isa, why) = Isa::choose(Some("sse4"));
+        assert_eq!(isa, Isa::available()[0]);
+        assert!(why.is_some_and(|w| w.contains("not one of")));
     }
 
     /// What `kernels_match_f32_reference` checks besides scalar code on aarch64.

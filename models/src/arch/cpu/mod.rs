@@ -13,6 +13,7 @@
 mod attention;
 pub(crate) mod bert;
 mod kernels;
+pub use kernels::ISA_ENV;
 mod ops;
 mod pool;
 mod quant;
@@ -49,14 +50,33 @@ const KERNEL_TYPES: [GgmlDType; 4] = [
 const CONVERTED_TYPES: [GgmlDType; 2] = [GgmlDType::Q5K, GgmlDType::Q6K];
 
 /// Whether [`super::load`] should use this implementation for `file` on `device`: a
-/// llama-shaped model on the CPU whose weight matrices all have a kernel here, unless the
-/// environment asks for candle. Returns the reason when not.
+/// llama-shaped model on the CPU whose weight matrices all have a kernel here, on a CPU with
+/// one of the kernels' SIMD tiers, unless the environment asks for candle. Returns the
+/// reason when not (logged at `-v`). `requantize = auto` follows the same answer: a file
+/// left to candle has its Q4_1/Q5_x weights converted to Q8_0.
 pub fn eligible(file: &GgufFile, device: &Device) -> std::result::Result<(), String> {
+    eligible_on(file, device, Isa::detect())
+}
+
+/// [`eligible`] on a CPU whose best kernel tier is `isa`.
+pub fn eligible_on(file: &GgufFile, device: &Device, isa: Isa) -> std::result::Result<(), String> {
     if !device.is_cpu() {
         return Err("not a CPU device".into());
     }
     if std::env::var(BACKEND_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("candle")) {
         return Err(format!("{BACKEND_ENV}=candle"));
+    }
+    // Without a SIMD tier the kernels run portable code, and candle is faster there: built
+    // for a CPU with AVX but not AVX2 (or for baseline x86-64), candle ran a Q8_0 copy of
+    // the shipped Q4_1 file 5.1x (6.9x) faster in prompt processing and 4.8x (3.7x) in
+    // generation than the kernels' scalar tier ran the Q4_1 file itself (benches/RESULTS.md,
+    // "CPUs without a SIMD tier of the kernels").
+    if isa == Isa::Scalar {
+        return Err(
+            "this CPU has none of the kernels' SIMD tiers (AVX2, AVX-512, NEON): candle is \
+             faster on it"
+                .into(),
+        );
     }
     let ct = file.content();
     let shape = LlamaShape::read(file, 1).map_err(|e| e.to_string())?;
@@ -309,7 +329,10 @@ impl CpuLlama {
         let pool = Pool::new(threads).map_err(|e| {
             ModelError::InvalidRequest(format!("cannot start inference threads: {e}"))
         })?;
-        let isa = Isa::detect();
+        let (isa, ignored) = Isa::choose(std::env::var(ISA_ENV).ok().as_deref());
+        if let Some(why) = ignored {
+            tracing::warn!("{why}");
+        }
         let weight_bytes: usize = layers
             .iter()
             .map(|l| {

@@ -271,3 +271,22 @@ fn rejects_bad_requests() {
     cpu.forward(&[1; 8]).expect("fits exactly");
     assert!(cpu.forward(&[1]).is_err());
 }
+
+#[test]
+fn a_cpu_without_a_simd_tier_is_left_to_candle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tiny.gguf");
+    crate::testing::write_tiny_llama(&path, GgmlDType::Q8_0, 64);
+    let file = GgufFile::open(&path).expect("open");
+    let cpu = Device::Cpu;
+    for isa in super::kernels::Isa::available() {
+        let verdict = super::eligible_on(&file, &cpu, isa);
+        match isa {
+            super::kernels::Isa::Scalar => {
+                let reason = verdict.expect_err("scalar code is slower than candle's");
+                assert!(reason.contains("SIMD"), "{reason}");
+            }
+            _ => assert_eq!(verdict, Ok(()), "{isa:?}"),
+        }
+    }
+}
