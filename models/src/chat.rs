@@ -763,18 +763,7 @@ mod tests {
     }
 
     fn with_tool_history() -> Vec<ChatMessage> {
-        vec![
-            ChatMessage::user("Weather in Oslo?"),
-            ChatMessage::assistant_calls(
-                "",
-                vec![ChatToolCall::function(
-                    "call_1",
-                    "get_weather",
-                    json!({"city": "Oslo"}),
-                )],
-            ),
-            ChatMessage::tool_result(Some("call_1".into()), Some("get_weather".into()), "4 C"),
-        ]
+        crate::testing::weather_call_history("Weather in Oslo?", "4 C")
     }
 
     #[test]

@@ -320,6 +320,18 @@ pub const LLAMA3_TOOLS_TEMPLATE: &str = concat!(
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}",
 );
 
+/// A conversation with one tool call and its result: `question`, an assistant turn that
+/// calls `get_weather` with `{"city": "Oslo"}` (id `call_1`), and the tool's `result`.
+pub fn weather_call_history(question: &str, result: &str) -> Vec<crate::chat::ChatMessage> {
+    use crate::chat::{ChatMessage, ChatToolCall};
+    let call = ChatToolCall::function("call_1", "get_weather", serde_json::json!({"city": "Oslo"}));
+    vec![
+        ChatMessage::user(question),
+        ChatMessage::assistant_calls("", vec![call]),
+        ChatMessage::tool_result(Some("call_1".into()), Some("get_weather".into()), result),
+    ]
+}
+
 /// [`write_tiny`] with `template` as the file's `tokenizer.chat_template` (for example
 /// [`HERMES_TOOLS_TEMPLATE`]).
 ///

@@ -742,7 +742,7 @@ fn tool_history() -> Value {
 /// the template's rendering of them), and the calls come back parsed and valid.
 #[tokio::test]
 async fn tool_calls_use_the_chat_templates_own_format() {
-    use starling_models::chat::{ChatMessage, ChatToolCall, ToolFormat};
+    use starling_models::chat::ToolFormat;
     use starling_models::engine::Prompt;
     use starling_models::testing::{TinyArch, HERMES_TOOLS_TEMPLATE, LLAMA3_TOOLS_TEMPLATE};
     let dir = tempfile::tempdir().expect("tempdir");
@@ -770,22 +770,8 @@ async fn tool_calls_use_the_chat_templates_own_format() {
         // as empty).
         let mut tools = weather_tools();
         tools[1]["function"]["description"] = json!("");
-        let history = vec![
-            ChatMessage::user("weather in Oslo?"),
-            ChatMessage::assistant_calls(
-                "",
-                vec![ChatToolCall::function(
-                    "call_1",
-                    "get_weather",
-                    json!({"city": "Oslo"}),
-                )],
-            ),
-            ChatMessage::tool_result(
-                Some("call_1".into()),
-                Some("get_weather".into()),
-                "4 degrees, rain",
-            ),
-        ];
+        let history =
+            starling_models::testing::weather_call_history("weather in Oslo?", "4 degrees, rain");
         let expected = engine
             .prompt_tokens(&Prompt::ChatWithTools(history, tools))
             .expect("prompt")
