@@ -400,8 +400,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        check_roles(messages)?;
-        self.render_raw(messages, None, add_generation_prompt)
+        self.render_with_tools(messages, None, add_generation_prompt)
     }
 
     /// [`render`](Self::render) with `tools` (OpenAI-style function definitions) given to

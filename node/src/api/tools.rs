@@ -304,8 +304,12 @@ impl ToolPlan {
 
     /// JSON Schema of one call: `{"name": <a callable tool>, <args_key>: <its arguments>}`.
     fn one_call_schema(&self, args_key: &str) -> Value {
-        let items: Vec<Value> = self
-            .callable()
+        json!({"anyOf": self.call_items(args_key)})
+    }
+
+    /// One schema per callable tool, for `{"name": <the tool>, <args_key>: <its arguments>}`.
+    fn call_items(&self, args_key: &str) -> Vec<Value> {
+        self.callable()
             .map(|t| {
                 let mut properties = Map::new();
                 properties.insert("name".into(), json!({"const": t.name}));
@@ -317,13 +321,12 @@ impl ToolPlan {
                     "additionalProperties": false,
                 })
             })
-            .collect();
-        json!({"anyOf": items})
+            .collect()
     }
 
     /// JSON Schema of the generic format's call object.
     pub fn call_schema(&self) -> Value {
-        let items = self.one_call_schema("arguments")["anyOf"].clone();
+        let items = self.call_items("arguments");
         let max = self.max_calls();
         json!({
             "type": "object",
