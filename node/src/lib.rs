@@ -13,5 +13,6 @@ pub mod llm;
 pub mod loading;
 pub mod logging;
 pub mod memory;
+mod outside;
 pub mod search;
 pub mod store;

@@ -15,6 +15,8 @@ use starling_models::constraint::Constraint;
 use starling_models::engine::{GenerateRequest, ModelSlot, Prompt};
 use starling_models::sampling::SamplingOptions;
 
+use crate::outside::Busy;
+
 /// Why the model could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
@@ -124,7 +126,11 @@ impl Llm {
             constraint,
             logprobs: None,
         };
-        let (text, done) = engine.generate(req)?.text().await?;
+        let (text, done) = {
+            // The model runs on its own thread.
+            let _busy = Busy::start();
+            engine.generate(req)?.text().await?
+        };
         self.counters
             .prompt
             .fetch_add(done.prompt_tokens as u64, Ordering::Relaxed);

@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 
 /// Each module of the library and the crate modules it may use (besides itself).
 const RULES: &[(&str, &[&str])] = &[
-    ("store", &[]),
+    ("outside", &[]),
+    ("store", &["outside"]),
     ("search", &[]),
-    ("llm", &[]),
+    ("llm", &["outside"]),
     ("logging", &[]),
     ("config", &[]),
     ("memory", &["llm", "search", "store"]),

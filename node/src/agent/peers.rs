@@ -159,10 +159,10 @@ impl Handler for ArcHandler {
 /// An in-memory swarm for tests: every node's RPC handlers, records and events in one
 /// process, membership decided by the test (`kill`), and faults injected per call.
 ///
-/// Time is real: tokio's paused clock cannot drive the runtime, because the node store
-/// answers from its own thread and a paused runtime waiting on it advances the clock
-/// past every pending timeout. A call to a dead node fails after [`LOST_AFTER`] (the
-/// connection is gone), not after the caller's whole timeout.
+/// Time is virtual when the test runs on tokio's paused clock (`start_paused`): timers
+/// fire in order without waiting, and the store's and the model's threads hold the clock
+/// while they work (`crate::outside::Busy`). A call to a dead node fails after
+/// [`LOST_AFTER`] (the connection is gone), not after the caller's whole timeout.
 #[cfg(test)]
 pub(crate) mod sim {
     use std::collections::HashMap;

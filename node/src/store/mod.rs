@@ -39,6 +39,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::outside::Busy;
+
 use actor::{Command, Reply};
 
 pub use actor::MAX_BATCH;
@@ -777,6 +779,7 @@ impl Store {
         if sent {
             Pending {
                 state: PendingState::Waiting(rx),
+                busy: None,
             }
         } else {
             Pending::failed(StoreError::Closed)
@@ -790,6 +793,8 @@ impl Store {
 #[derive(Debug)]
 pub struct Pending<R> {
     state: PendingState<R>,
+    /// Held while an awaited reply is being computed on the store's thread.
+    busy: Option<Busy>,
 }
 
 #[derive(Debug)]
@@ -802,6 +807,7 @@ impl<R> Pending<R> {
     fn failed(error: StoreError) -> Self {
         Self {
             state: PendingState::Failed(Some(error)),
+            busy: None,
         }
     }
 
@@ -821,10 +827,18 @@ impl<R> Future for Pending<R> {
     type Output = Result<R, StoreError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.get_mut().state {
-            PendingState::Waiting(rx) => Pin::new(rx)
-                .poll(cx)
-                .map(|res| res.unwrap_or(Err(StoreError::Closed))),
+        let this = self.get_mut();
+        match &mut this.state {
+            PendingState::Waiting(rx) => {
+                this.busy.get_or_insert_with(Busy::start);
+                let poll = Pin::new(rx)
+                    .poll(cx)
+                    .map(|res| res.unwrap_or(Err(StoreError::Closed)));
+                if poll.is_ready() {
+                    this.busy = None;
+                }
+                poll
+            }
             // A second poll after completion reports `Closed`.
             PendingState::Failed(error) => {
                 Poll::Ready(Err(error.take().unwrap_or(StoreError::Closed)))

@@ -48,7 +48,8 @@ impl Agent {
         inquiry: Option<Arc<Mutex<Inquiry>>>,
         resume: Option<Resume>,
     ) -> Result<TaskResult, AgentError> {
-        let started = Instant::now();
+        // Tokio's clock: virtual in the simulated cluster's tests.
+        let started = tokio::time::Instant::now();
         let clock = move || started.elapsed().as_millis() as u64;
         let mut chat = match resume {
             Some(r) => GroupChat::resume(params.clone(), r.messages, &r.previous_host, clock())?,
@@ -174,22 +175,13 @@ impl Agent {
                                     .map(|r| r.result.clone());
                                 lock(i).record_reply(&task.assignee, &task.desc, answer);
                             } else if let Some(i) = &inq {
+                                // A step that failed or found nothing stays open: the host
+                                // loop re-routes it when this result comes in.
                                 let evidence = reply
                                     .as_ref()
                                     .map(|r| r.evidence.clone())
                                     .unwrap_or_default();
-                                if evidence.is_empty() {
-                                    // Failed, or found nothing although its probe had: the
-                                    // sub-question goes to the next node that found a value,
-                                    // which joins the group before the host's next turn.
-                                    let next = lock(i).failed(&task.assignee, &task.desc);
-                                    if let Some(next) = next {
-                                        tracing::info!(from = %task.assignee, to = %next, "sub-question re-assigned");
-                                        let name = a.name_of(&next);
-                                        let _ =
-                                            tx.send(Input::Recruit(MemberRef { id: next, name }));
-                                    }
-                                } else {
+                                if !evidence.is_empty() {
                                     lock(i).record(&task.assignee, &task.desc, evidence);
                                 }
                             }
@@ -324,16 +316,27 @@ impl Agent {
                 },
                 _ = sleep => Input::Tick,
             };
-            // A member that went down: its sub-questions' next holders join first, so that
-            // the group is not left to the host alone (which would force the conclusion).
-            if let (Input::MemberDown(down), Some(i)) = (&input, &inquiry) {
-                let theirs: Vec<(String, String)> = chat
+            // Sub-questions this input leaves unanswered — the running tasks of a member
+            // that went down, a task that came back failed or without evidence — go to
+            // their next holders, who join before the machine takes the input: else a
+            // group left to the host alone, or with every task in, would conclude.
+            if let Some(i) = &inquiry {
+                let unanswered: Vec<(String, String)> = chat
                     .tasks()
                     .iter()
-                    .filter(|t| t.state == TaskState::Running && t.assignee == *down)
+                    .filter(|t| t.state == TaskState::Running)
+                    .filter(|t| match &input {
+                        Input::MemberDown(down) => t.assignee == *down,
+                        Input::TaskResult { from, task_id, .. } => {
+                            t.assignee == *from
+                                && t.id == *task_id
+                                && lock(i).step_sub(from, &t.desc).is_some()
+                        }
+                        _ => false,
+                    })
                     .map(|t| (t.assignee.clone(), t.desc.clone()))
                     .collect();
-                self.reroute(&mut chat, i, theirs, clock());
+                self.reroute(&mut chat, i, unanswered, clock());
             }
             if let Err(e) = chat.handle(input, clock()) {
                 tracing::debug!(group = %group_id, error = %e, "chat input refused");
@@ -354,10 +357,9 @@ impl Agent {
                     }
                 }
             }
-            // A sub-question whose task the machine ended unfinished (its assignee went
-            // down, or the task timed out) goes to the next node that found a value, which
-            // joins before the host's next turn is taken. (A call that comes back with no
-            // evidence is re-routed where it returns; asking again here finds nothing.)
+            // A sub-question whose task the machine ended unfinished (it timed out) goes to
+            // the next node that found a value, which joins before the host's next turn is
+            // taken. (Those re-routed above are no longer open; asking again finds nothing.)
             if let Some(i) = &inquiry {
                 self.reroute(&mut chat, i, ended, clock());
             }

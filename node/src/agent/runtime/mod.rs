@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use starling_discovery::{NodeId, PeerState, Request, RpcError, RpcErrorCode, SwarmEvent};

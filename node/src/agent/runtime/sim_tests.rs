@@ -2,7 +2,9 @@
 //! ([`SimNet`]), with faults injected at exact points of the protocol (a member dies as
 //! its task reaches it, the host dies mid-chat). The same `Agent` code runs here as over
 //! QUIC; only the swarm differs, so a run takes milliseconds and a fault lands where the
-//! test says, not where a timer happens to fire.
+//! test says, not where a timer happens to fire. Every test runs on tokio's paused clock
+//! (`start_paused`): time is virtual, so a two-minute turn timeout passes at once and
+//! in order with every other timer (see `SimNet`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -38,7 +40,7 @@ impl Cluster {
     }
 
     /// [`Cluster::start`], with the nodes named in `people` fronted by a person (a human
-    /// agent, asked through the API, that waits a minute for an answer).
+    /// agent, asked through the API, that waits the default five minutes for an answer).
     async fn start_with(nodes: &[(&str, Option<&str>)], people: &[&str]) -> Self {
         Self::start_scripted(nodes, people, HashMap::new()).await
     }
@@ -108,7 +110,6 @@ async fn start_agent(
     config.node.name = Some(name.to_owned());
     if person {
         config.agent.kind = AgentKind::Human;
-        config.agent.human_timeout_secs = 60;
     }
     if let Some(text) = doc {
         let docs = dir.join(format!("{name}-docs"));
@@ -138,7 +139,7 @@ async fn start_agent(
     .expect("agent starts")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_team_answers_with_each_holders_cited_fact() {
     let c = Cluster::start(&[("ada", None), ("bea", Some(BERTH)), ("cal", Some(PILOT))]).await;
     let r = c.agent("ada").submit(QUESTION).await.expect("answered");
@@ -166,7 +167,7 @@ async fn a_team_answers_with_each_holders_cited_fact() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_member_killed_as_its_task_reaches_it_hands_the_question_to_another_holder() {
     let c = Cluster::start(&[
         ("ada", None),
@@ -186,7 +187,7 @@ async fn a_member_killed_as_its_task_reaches_it_hands_the_question_to_another_ho
         }
         None
     });
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let r = c.agent("ada").submit(QUESTION).await.expect("answered");
     let dead = killed
         .lock()
@@ -209,12 +210,12 @@ async fn a_member_killed_as_its_task_reaches_it_hands_the_question_to_another_ho
         .iter()
         .any(|(_, to, m)| to == survivor && m == "task"));
     eprintln!(
-        "member killed as its task started: concluded after {:.2} s",
+        "member killed as its task started: concluded after {:.2} s (virtual)",
         started.elapsed().as_secs_f64()
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_group_whose_host_dies_mid_chat_is_concluded_by_its_successor() {
     let c = Cluster::start(&[("ada", None), ("bea", Some(BERTH)), ("cal", Some(PILOT))]).await;
     // The host dies on its first message after each member has one (both hold the log).
@@ -238,7 +239,7 @@ async fn a_group_whose_host_dies_mid_chat_is_concluded_by_its_successor() {
     let ada = c.agent("ada").clone();
     let (q, g) = (QUESTION.to_owned(), group.clone());
     let orphan = tokio::spawn(async move { ada.submit_as(&q, g).await });
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (successor, result) = loop {
         if let Some(found) = ["bea", "cal"]
             .iter()
@@ -276,12 +277,12 @@ async fn a_group_whose_host_dies_mid_chat_is_concluded_by_its_successor() {
         "{log:?}"
     );
     eprintln!(
-        "host killed mid-chat: {successor} concluded after {:.2} s",
+        "host killed mid-chat: {successor} concluded after {:.2} s (virtual)",
         started.elapsed().as_secs_f64()
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn cancelling_a_task_withdraws_the_question_to_the_members_person() {
     let c = Cluster::start_with(
         &[("ada", None), ("bea", Some(BERTH)), ("cal", Some(PILOT))],
@@ -292,7 +293,7 @@ async fn cancelling_a_task_withdraws_the_question_to_the_members_person() {
     let ada = c.agent("ada").clone();
     let task = tokio::spawn(async move { ada.submit(QUESTION).await });
     // cal's person is asked for its part: the task is running there.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     while c.agent("cal").pending_human().is_empty() {
         assert!(
             started.elapsed() < Duration::from_secs(20),
@@ -317,7 +318,7 @@ async fn cancelling_a_task_withdraws_the_question_to_the_members_person() {
     .await;
     assert!(cancelled.is_ok(), "cal never saw its task cancelled");
     // The person is no longer asked.
-    let t = std::time::Instant::now();
+    let t = tokio::time::Instant::now();
     while !c.agent("cal").pending_human().is_empty() {
         assert!(
             t.elapsed() < Duration::from_secs(10),
@@ -355,7 +356,7 @@ where
     Arc::new(Script(Mutex::new((0, f))))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_member_whose_turns_fail_is_dropped_after_the_missed_turn_limit_and_the_host_concludes() {
     // ada hosts a model-led chat whose turns are scripted: she gives the floor to bea
     // until bea has failed her turns, then concludes. Every one of bea's turns fails.
@@ -430,7 +431,7 @@ async fn a_member_whose_turns_fail_is_dropped_after_the_missed_turn_limit_and_th
     assert_eq!(left, [c.agent("bea").node_id()], "{log:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn progress_notes_are_taken_only_from_the_assignee_of_a_running_task() {
     let c = Cluster::start(&[("ada", None), ("bea", None), ("cal", None)]).await;
     let ada = c.agent("ada");
@@ -509,4 +510,99 @@ async fn progress_notes_are_taken_only_from_the_assignee_of_a_running_task() {
         .expect_err("task done");
     assert_eq!(e.code, RpcErrorCode::BadRequest);
     assert!(events.try_recv().is_err(), "no event for a refused note");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_person_slower_than_the_turn_timeout_misses_turns_until_counted_out() {
+    // bea is a person who does not answer: her node waits five minutes (the default) for
+    // her, the host only two (the default turn timeout). ada gives her the floor until
+    // the missed-turn limit has passed, then concludes.
+    let config = ChatConfig::default();
+    let limit = config.max_missed_turns as usize;
+    assert!(
+        Duration::from_secs(NodeConfig::default().agent.human_timeout_secs)
+            > Duration::from_millis(config.turn_timeout_ms)
+    );
+    let bea_id = Arc::new(Mutex::new(String::new()));
+    let id = bea_id.clone();
+    let ada = script(move |n| {
+        let bea = id.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(if n >= limit {
+            serde_json::json!({"type": "conclude", "content": "Scripted conclusion."})
+        } else {
+            serde_json::json!({"type": "discuss", "content": "Bea, your view?",
+                               "next_speakers": [bea]})
+        })
+    });
+    let c = Cluster::start_scripted(
+        &[("ada", None), ("bea", Some(BERTH))],
+        &["bea"],
+        HashMap::from([("ada", ada)]),
+    )
+    .await;
+    *bea_id.lock().expect("lock") = c.agent("bea").node_id().to_owned();
+    let mut bea_events = c.agent("bea").events();
+    let group = new_group_id();
+    let params = LaunchParams {
+        group_id: group.clone(),
+        goal: "Talk it through.".into(),
+        members: ["ada", "bea"]
+            .iter()
+            .map(|n| MemberRef {
+                id: c.agent(n).node_id().to_owned(),
+                name: n.to_string(),
+            })
+            .collect(),
+        initiator: c.agent("ada").node_id().to_owned(),
+        team_up_depth: 0,
+        max_depth: 0,
+        max_turns: 10,
+        config: config.clone(),
+    };
+    let (started, real) = (tokio::time::Instant::now(), std::time::Instant::now());
+    let r = c
+        .agent("ada")
+        .host_group(params, None, None)
+        .await
+        .expect("the group concludes");
+    let waited = started.elapsed();
+    assert_eq!(r.conclusion, "Scripted conclusion.");
+    // Each missed turn took the host's whole turn timeout, in virtual time.
+    assert!(
+        waited >= Duration::from_millis(config.turn_timeout_ms) * limit as u32,
+        "{waited:?}"
+    );
+    // bea's person was asked once per turn, and each question was withdrawn unanswered
+    // when the host stopped waiting.
+    let (mut asked, mut unanswered) = (0, 0);
+    while let Ok(e) = bea_events.try_recv() {
+        match e {
+            AgentEvent::HumanInputRequested { .. } => asked += 1,
+            AgentEvent::HumanInputClosed {
+                answered: false, ..
+            } => unanswered += 1,
+            _ => {}
+        }
+    }
+    assert_eq!((asked, unanswered), (limit, limit));
+    assert!(c.agent("bea").pending_human().is_empty());
+    // Counted out as a missed-turn departure, not as a node that went down.
+    let log = c
+        .agent("ada")
+        .store()
+        .messages::<Message>(&group)
+        .await
+        .expect("messages");
+    let left: Vec<&str> = log
+        .iter()
+        .filter(|m| m.body.msg_type == MessageType::MemberLeft)
+        .map(|m| m.body.sender.as_str())
+        .collect();
+    assert_eq!(left, [c.agent("bea").node_id()], "{log:?}");
+    eprintln!(
+        "a silent person: {} missed turns, concluded after {:.0} s of virtual time in {:.2} s",
+        limit,
+        waited.as_secs_f64(),
+        real.elapsed().as_secs_f64()
+    );
 }
