@@ -264,19 +264,18 @@ async fn submit_task(
     }
     let group_id = new_group_id();
     let agent = s.node.agent.clone();
-    agent.open_group(&task, &group_id).await;
+    let opened = agent.open_group(&task, &group_id).await;
     if body.wait {
         s.tasks.started(&group_id, &task);
-        let r = agent.submit_as(&task, group_id.clone()).await;
+        let r = agent.submit_opened(opened).await;
         s.tasks
             .end(&group_id, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
         let r = r.map_err(|e| ApiError::internal(format!("the task failed: {e}")))?;
         return Ok(Json(r).into_response());
     }
-    let gid = group_id.clone();
-    s.tasks.spawn(&group_id, &task.clone(), async move {
+    s.tasks.spawn(&group_id, &task, async move {
         agent
-            .submit_as(&task, gid)
+            .submit_opened(opened)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -678,7 +678,7 @@ impl Agent {
                 messages,
             };
             match self
-                .run_task(&g.goal, g.group_id.clone(), None, 0, Some(resume))
+                .run_task(&g.goal, g.group_id.clone(), None, 0, Start::Resume(resume))
                 .await
             {
                 Ok(result) => self.keep_result(result),

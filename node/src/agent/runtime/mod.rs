@@ -361,6 +361,22 @@ struct Resume {
     messages: Vec<Message>,
 }
 
+/// How [`Agent::run_task`] finds the task's group: new, already stored as `forming`
+/// ([`Agent::open_group`]), or taken over from a host that went down.
+enum Start {
+    Fresh,
+    Opened,
+    Resume(Resume),
+}
+
+/// A task's group stored as `forming` before the task runs ([`Agent::open_group`]).
+#[must_use = "run the task with Agent::submit_opened"]
+#[derive(Debug)]
+pub struct OpenedGroup {
+    task: String,
+    group_id: String,
+}
+
 /// A finished task as `starling task` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TaskResult {
@@ -820,13 +836,28 @@ impl Agent {
     /// group chat it hosts, records how each collaborator did, returns the conclusion.
     pub async fn submit(&self, task: &str) -> Result<TaskResult, AgentError> {
         let group_id = new_group_id();
-        self.run_task(task, group_id, None, 0, None).await
+        self.run_task(task, group_id, None, 0, Start::Fresh).await
     }
 
     /// Like [`Agent::submit`] with a chosen group id (so a caller can follow its events).
     /// A failure is also published as [`AgentEvent::TaskFailed`].
     pub async fn submit_as(&self, task: &str, group_id: String) -> Result<TaskResult, AgentError> {
-        let r = self.run_task(task, group_id.clone(), None, 0, None).await;
+        self.submit_started(task, group_id, Start::Fresh).await
+    }
+
+    /// [`Agent::submit_as`] for a group [`Agent::open_group`] has already stored.
+    pub async fn submit_opened(&self, opened: OpenedGroup) -> Result<TaskResult, AgentError> {
+        self.submit_started(&opened.task, opened.group_id, Start::Opened)
+            .await
+    }
+
+    async fn submit_started(
+        &self,
+        task: &str,
+        group_id: String,
+        start: Start,
+    ) -> Result<TaskResult, AgentError> {
+        let r = self.run_task(task, group_id.clone(), None, 0, start).await;
         match &r {
             Ok(result) => self.keep_result(result.clone()),
             Err(e) => self.emit(AgentEvent::TaskFailed {
@@ -838,9 +869,9 @@ impl Agent {
     }
 
     /// Stores the group of a task about to be submitted as `forming`, so that
-    /// `GET /api/groups/{id}` answers for it as soon as its id is handed out
-    /// ([`Agent::submit_as`] does the same when it starts).
-    pub async fn open_group(&self, task: &str, group_id: &str) {
+    /// `GET /api/groups/{id}` answers for it as soon as its id is handed out; run it with
+    /// [`Agent::submit_opened`] ([`Agent::submit_as`] stores it when it starts).
+    pub async fn open_group(&self, task: &str, group_id: &str) -> OpenedGroup {
         let own = Job {
             task,
             group_id,
@@ -848,6 +879,10 @@ impl Agent {
             depth: 0,
         };
         self.persist_own(&own, FORMING, 0, None).await;
+        OpenedGroup {
+            task: task.to_owned(),
+            group_id: group_id.to_owned(),
+        }
     }
 
     fn keep_result(&self, result: TaskResult) {
@@ -873,7 +908,7 @@ impl Agent {
         group_id: String,
         parent: Option<String>,
         depth: u32,
-        resume: Option<Resume>,
+        start: Start,
     ) -> Result<TaskResult, AgentError> {
         let (p0, c0, _) = self.0.llm.counters().snapshot();
         self.emit(AgentEvent::TaskSubmitted {
@@ -888,9 +923,14 @@ impl Agent {
             parent,
             depth,
         };
-        if resume.is_none() {
-            self.persist_own(&own, FORMING, 0, None).await;
-        }
+        let resume = match start {
+            Start::Fresh => {
+                self.persist_own(&own, FORMING, 0, None).await;
+                None
+            }
+            Start::Opened => None,
+            Start::Resume(r) => Some(r),
+        };
         let run = match self.0.config.agent.collaboration {
             Collaboration::Grounded => self.run_grounded(&own, resume).await,
             Collaboration::Chat => self.run_chat(&own, resume).await,
