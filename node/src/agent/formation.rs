@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 use starling_models::chat::ChatMessage;
 
 use super::card::CardHit;
-use crate::llm::{Llm, LlmError};
+use crate::llm::{Decide, LlmError};
 
 /// Limits of the loop.
 #[derive(Debug, Clone)]
@@ -346,7 +346,7 @@ fn pick_members(
 
 /// Runs the loop. `self_id` is left out of every search result.
 pub async fn form_team<S: AgentSearch>(
-    llm: &Llm,
+    decide: &dyn Decide,
     search: &S,
     task: &str,
     self_id: &str,
@@ -418,7 +418,9 @@ pub async fn form_team<S: AgentSearch>(
         ];
         // Room for the longest call the schema allows, even spelled one character per token.
         let budget = 200 + 16 * labels.len();
-        let raw: RawCall = llm.decide(messages, &schema, budget).await?;
+        let raw = decide.decide_json(messages, &schema, budget).await?;
+        let raw: RawCall = serde_json::from_value(raw.clone())
+            .map_err(|e| LlmError::Decode(format!("{e}: {raw}")))?;
         tracing::debug!(
             call = i + 1,
             tool = %raw.tool,
@@ -552,10 +554,84 @@ mod tests {
     use super::*;
     use crate::agent::card::{AgentCard, CardBook};
     use crate::config::AgentKind;
+    use crate::llm::Llm;
     use starling_models::engine::{Engine, EngineConfig, ModelSlot};
     use std::sync::Mutex;
 
     struct Book(Mutex<CardBook>);
+
+    /// Decisions read from a list, one per call, recording what each call was shown.
+    struct Script(Mutex<(Vec<Value>, Vec<String>)>);
+
+    impl Decide for Script {
+        fn decide_json<'a>(
+            &'a self,
+            messages: Vec<ChatMessage>,
+            _schema: &'a Value,
+            _max_tokens: usize,
+        ) -> futures::future::BoxFuture<'a, Result<Value, LlmError>> {
+            let mut g = self.0.lock().unwrap();
+            g.1.push(
+                messages
+                    .last()
+                    .map(|m| m.content.clone())
+                    .unwrap_or_default(),
+            );
+            let next = match g.0.is_empty() {
+                true => Err(LlmError::Decode("the script is over".into())),
+                false => Ok(g.0.remove(0)),
+            };
+            Box::pin(async move { next })
+        }
+    }
+
+    fn book(cards: &[(&str, &str)]) -> Book {
+        let mut book = CardBook::new(0);
+        for (i, (name, desc)) in cards.iter().enumerate() {
+            let card = AgentCard {
+                name: name.to_string(),
+                description: desc.to_string(),
+                skills: vec![],
+                kind: AgentKind::Tool,
+                tools: vec![],
+                models: vec![],
+                agent: None,
+            };
+            book.upsert(&format!("n{i}"), 1, card, vec![]);
+        }
+        Book(Mutex::new(book))
+    }
+
+    #[tokio::test]
+    async fn the_team_is_the_one_the_decisions_launch() {
+        let book = book(&[
+            ("chem", "chemistry lab analysis of soil samples"),
+            ("astro", "astronomy telescope data"),
+        ]);
+        let script = Script(Mutex::new((
+            vec![
+                json!({"tool": "search_agents", "queries": ["chemistry lab analysis"]}),
+                json!({"tool": "launch_group", "members": {"A1": true}}),
+            ],
+            Vec::new(),
+        )));
+        let cfg = FormationConfig {
+            cover_skills: false,
+            ..FormationConfig::default()
+        };
+        let task = "analyse the soil samples in a chemistry lab";
+        let f = form_team(&script, &book, task, "me", &[], &cfg)
+            .await
+            .unwrap();
+        let (left, shown) = script.0.into_inner().unwrap();
+        assert!(left.is_empty(), "every decision was asked for");
+        // The second call was shown what the first one's search found, as A1.
+        assert!(shown[1].contains("A1: chem"), "{}", shown[1]);
+        assert!(matches!(f.calls[0], ToolCall::SearchAgents { .. }), "{f:?}");
+        let team: Vec<&str> = f.members.iter().map(|m| m.node_id.as_str()).collect();
+        assert_eq!(team, ["n0"], "{f:?}");
+        assert!(!f.forced);
+    }
 
     impl AgentSearch for Book {
         async fn search(&self, query: &str, k: usize) -> Vec<CardHit> {
@@ -575,27 +651,11 @@ mod tests {
         let llm = Llm::new(ModelSlot::new(
             Engine::load(&path, &EngineConfig::default()).unwrap(),
         ));
-        let mut book = CardBook::new(0);
-        for (i, (name, desc)) in [
+        let book = book(&[
             ("chem", "chemistry lab analysis"),
             ("astro", "astronomy telescope data"),
             ("me", "the searching node"),
-        ]
-        .iter()
-        .enumerate()
-        {
-            let card = AgentCard {
-                name: name.to_string(),
-                description: desc.to_string(),
-                skills: vec![],
-                kind: AgentKind::Tool,
-                tools: vec![],
-                models: vec![],
-                agent: None,
-            };
-            book.upsert(&format!("n{i}"), 1, card, vec![]);
-        }
-        let book = Book(Mutex::new(book));
+        ]);
         for max_calls in [1, 3] {
             let cfg = FormationConfig {
                 max_calls,

@@ -829,7 +829,15 @@ impl Agent {
         config: FormationConfig,
     ) -> Result<Formation, AgentError> {
         let contacts = self.contact_lines().await;
-        Ok(form_team(&self.0.llm, self, task, &self.0.me, &contacts, &config).await?)
+        Ok(form_team(
+            self.0.decide.as_ref(),
+            self,
+            task,
+            &self.0.me,
+            &contacts,
+            &config,
+        )
+        .await?)
     }
 
     /// Handles a task submitted to this node: forms a team (or works alone), runs the
