@@ -55,7 +55,7 @@
 //!   deadline, or whose answer fails ([`Input::NoAnswer`]: the call or its model failed)
 //!   loses its turn; a member that goes down has its running tasks failed. A member that
 //!   misses [`ChatConfig::max_missed_turns`] turns in a row is treated as down (never the
-//!   initiator for failed answers). A task whose deadline passes fails. When only one member
+//!   initiator, the host: a slow or failing model of its own costs it turns, not its group). A task whose deadline passes fails. When only one member
 //!   is left, it is asked to conclude (the initiator, if it is the one left); when nobody
 //!   is, the machine concludes by itself.
 //!   The host may add a member to the running group ([`Input::Recruit`]), a replacement for
@@ -690,7 +690,7 @@ pub enum Input {
     MemberDown(String),
     /// The speaker's answer failed (the call to it failed, or its model did): a missed
     /// turn, counted toward [`ChatConfig::max_missed_turns`] like a timeout. The initiator
-    /// (the host) is never marked down for it.
+    /// (the host) is never marked down for missed turns.
     NoAnswer {
         /// The member that was asked.
         from: String,
@@ -1368,14 +1368,13 @@ impl GroupChat {
     }
 
     /// The asked `member` missed its turn for `reason`: it loses the turn, and is treated
-    /// as down after [`ChatConfig::max_missed_turns`] in a row (never the initiator when
-    /// its answer failed: the host does not leave its own group).
+    /// as down after [`ChatConfig::max_missed_turns`] in a row (never the initiator, late or
+    /// failed: the host does not leave its own group).
     fn missed_turn(&mut self, member: String, reason: LostTurnReason, now: Millis) {
         let missed = self.missed.entry(member.clone()).or_default();
         *missed += 1;
         let limit = self.config.max_missed_turns;
-        let host_failed = reason == LostTurnReason::NoAnswer && member == self.initiator;
-        if limit > 0 && *missed >= limit && !host_failed {
+        if limit > 0 && *missed >= limit && member != self.initiator {
             debug!(group = %self.group_id, %member, "missed too many turns: treated as down");
             self.mark_down(&member, reason, now);
         } else {
@@ -3091,7 +3090,8 @@ mod tests {
             chat.poll_timeout(),
             Some(deadline + ChatConfig::default().turn_timeout_ms)
         );
-        // a misses a second turn in a row: treated as down (max_missed_turns = 2).
+        // a, the initiator (the host), misses a second turn in a row: it loses the turn,
+        // never its group.
         say(
             &mut chat,
             "b",
@@ -3101,14 +3101,29 @@ mod tests {
         let deadline = chat.poll_timeout().unwrap();
         chat.handle(Input::Tick, deadline + 5).unwrap();
         let fx = drain(&mut chat);
-        assert_eq!(broadcasts(&fx)[0].msg_type, MessageType::MemberLeft);
+        assert!(broadcasts(&fx).is_empty());
         assert!(fx.contains(&Effect::TurnLost {
             member: "a".into(),
             reason: LostTurnReason::Timeout
         }));
-        assert!(!chat.is_live("a"));
-        assert_eq!(asked(&fx), strs(&["b"]));
-        // Two members left, b and c: b is not alone, so the discussion goes on normally.
+        assert!(chat.is_live("a"));
+        // c misses two turns in a row: treated as down (max_missed_turns = 2).
+        let (mut next, mut now, mut fx) = (asked(&fx).pop().unwrap(), deadline + 5, fx);
+        // (Different words each time: a repeated message would be rejected.)
+        for ask in ["c, your opinion?", "What does c make of the plan?"] {
+            say(&mut chat, &next, discuss(ask, &["c"]), now);
+            now = chat.poll_timeout().unwrap();
+            chat.handle(Input::Tick, now).unwrap();
+            fx = drain(&mut chat);
+            next = asked(&fx).pop().unwrap();
+        }
+        assert_eq!(broadcasts(&fx)[0].msg_type, MessageType::MemberLeft);
+        assert!(fx.contains(&Effect::TurnLost {
+            member: "c".into(),
+            reason: LostTurnReason::Timeout
+        }));
+        assert!(!chat.is_live("c"));
+        // Two members left, a and b: neither is alone, so the discussion goes on normally.
         assert_eq!(
             allowed(&fx),
             vec![Discuss, AssignSync, AssignAsync, Conclude]

@@ -606,3 +606,97 @@ async fn a_person_slower_than_the_turn_timeout_misses_turns_until_counted_out() 
         real.elapsed().as_secs_f64()
     );
 }
+
+/// A model slower than any turn timeout for its first `slow` decisions, then one that
+/// concludes at once.
+struct Stalling {
+    slow: usize,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Decide for Stalling {
+    fn decide_json<'a>(
+        &'a self,
+        _messages: Vec<ChatMessage>,
+        _schema: &'a serde_json::Value,
+        _max_tokens: usize,
+    ) -> futures::future::BoxFuture<'a, Result<serde_json::Value, LlmError>> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            if n < self.slow {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            Ok(serde_json::json!({"type": "conclude", "content": "Scripted conclusion."}))
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_whose_own_model_is_too_slow_loses_turns_never_its_group() {
+    let config = ChatConfig::default();
+    let limit = config.max_missed_turns as usize;
+    // ada's model misses the turn timeout one more time than the limit allows a member.
+    let ada = Arc::new(Stalling {
+        slow: limit + 1,
+        calls: Default::default(),
+    });
+    let ada_id = Arc::new(Mutex::new(String::new()));
+    let id = ada_id.clone();
+    let bea = script(move |n| {
+        let ada = id.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(
+            serde_json::json!({"type": "discuss", "content": format!("Over to you ({n})."),
+                              "next_speakers": [ada]}),
+        )
+    });
+    let c = Cluster::start_scripted(
+        &[("ada", None), ("bea", Some(BERTH))],
+        &[],
+        HashMap::from([("ada", ada.clone() as Arc<dyn Decide>), ("bea", bea)]),
+    )
+    .await;
+    *ada_id.lock().expect("lock") = c.agent("ada").node_id().to_owned();
+    let group = new_group_id();
+    let params = LaunchParams {
+        group_id: group.clone(),
+        goal: "Talk it through.".into(),
+        members: ["ada", "bea"]
+            .iter()
+            .map(|n| MemberRef {
+                id: c.agent(n).node_id().to_owned(),
+                name: n.to_string(),
+            })
+            .collect(),
+        initiator: c.agent("ada").node_id().to_owned(),
+        team_up_depth: 0,
+        max_depth: 0,
+        max_turns: 20,
+        config: config.clone(),
+    };
+    let started = tokio::time::Instant::now();
+    let r = c
+        .agent("ada")
+        .host_group(params, None, None)
+        .await
+        .expect("the group concludes");
+    // The host's own conclusion, after its late turns were lost.
+    assert_eq!(r.conclusion, "Scripted conclusion.");
+    assert_eq!(
+        ada.calls.load(std::sync::atomic::Ordering::SeqCst),
+        limit + 2
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(config.turn_timeout_ms) * (limit as u32 + 1)
+    );
+    let log = c
+        .agent("ada")
+        .store()
+        .messages::<Message>(&group)
+        .await
+        .expect("messages");
+    assert!(
+        log.iter()
+            .all(|m| m.body.msg_type != MessageType::MemberLeft),
+        "{log:?}"
+    );
+}
