@@ -170,6 +170,16 @@ pub struct LaunchParams {
     pub config: ChatConfig,
 }
 
+impl LaunchParams {
+    /// These params for a sub-team asked for by a group whose `max_depth` is `parent_max`:
+    /// the tree is no deeper than its root allowed, whatever the sub-team's host would
+    /// allow itself (never below the sub-team's own depth, which the parent allowed).
+    pub fn within(mut self, parent_max: u32) -> Self {
+        self.max_depth = self.max_depth.min(parent_max).max(self.team_up_depth);
+        self
+    }
+}
+
 /// The state of a group chat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -3128,6 +3138,21 @@ mod tests {
             allowed(&fx),
             vec![Discuss, AssignSync, AssignAsync, Conclude]
         );
+    }
+
+    #[test]
+    fn a_sub_team_is_no_deeper_than_its_root_allows() {
+        let mut p = params(&["a", "b"], 10);
+        p.team_up_depth = 1;
+        p.max_depth = 3;
+        // The root allowed one level: the sub-team at depth 1 may form no other.
+        let sub = p.clone().within(1);
+        assert_eq!(sub.max_depth, 1);
+        assert_eq!(GroupChat::launch(sub, T0).unwrap().sub_team_depth(), None);
+        // The root allows more than the sub-team's host does: the host's bound holds.
+        assert_eq!(p.clone().within(5).max_depth, 3);
+        // Never below the sub-team's own depth (its launch would be invalid).
+        assert_eq!(p.within(0).max_depth, 1);
     }
 
     #[test]

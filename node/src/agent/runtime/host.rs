@@ -572,7 +572,7 @@ impl Agent {
         goal: String,
         group_id: String,
         parent: String,
-        depth: u32,
+        (depth, parent_max): (u32, u32),
     ) -> futures::future::BoxFuture<'static, Result<Option<TaskResult>, AgentError>> {
         let this = self.clone();
         Box::pin(async move {
@@ -586,7 +586,9 @@ impl Agent {
                     .iter()
                     .map(|r| (r.node_id.clone(), r.name.clone())),
             );
-            let params = this.launch_params(group_id, &goal, members, depth);
+            let params = this
+                .launch_params(group_id, &goal, members, depth)
+                .within(parent_max);
             Ok(Some(this.host(params, Some(parent), None, None).await?))
         })
     }

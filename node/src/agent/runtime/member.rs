@@ -303,7 +303,12 @@ impl Agent {
         if let (true, Some(depth)) = (needs_help, req.sub_team_depth) {
             let child = new_group_id();
             let goal = format!("{} (for team goal: {})", req.task.desc, req.goal);
-            let sub = self.run_sub_team(goal, child.clone(), req.group_id.clone(), depth);
+            let sub = self.run_sub_team(
+                goal,
+                child.clone(),
+                req.group_id.clone(),
+                (depth, req.max_depth),
+            );
             match sub.await {
                 Ok(Some(r)) => {
                     return TaskReply {
