@@ -162,7 +162,9 @@ impl Handler for ArcHandler {
 /// Time is virtual when the test runs on tokio's paused clock (`start_paused`): timers
 /// fire in order without waiting, and the store's and the model's threads hold the clock
 /// while they work (`crate::outside::Busy`). A call to a dead node fails after
-/// [`LOST_AFTER`] (the connection is gone), not after the caller's whole timeout.
+/// [`LOST_AFTER`] (the connection is gone), not after the caller's whole timeout, and the
+/// living hear of a death [`DETECTED_AFTER`] it (as from SWIM), so that what the dead node
+/// sent just before is handled first, as over a real network.
 #[cfg(test)]
 pub(crate) mod sim {
     use std::collections::HashMap;
@@ -181,6 +183,8 @@ pub(crate) mod sim {
 
     /// How long a call to a dead node takes to fail.
     pub(crate) const LOST_AFTER: Duration = Duration::from_millis(50);
+    /// How long after a node dies the living are told (`SwarmEvent::PeerDown`).
+    pub(crate) const DETECTED_AFTER: Duration = Duration::from_secs(1);
 
     /// What happens to a call, decided before it is delivered.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,6 +214,8 @@ pub(crate) mod sim {
         rule: Mutex<Option<Rule>>,
         /// Calls delivered, as (caller, target, method) names.
         log: Mutex<Vec<(String, String, String)>>,
+        /// Deaths not yet reported to the living (dropped with the network).
+        detections: Mutex<tokio::task::JoinSet<()>>,
     }
 
     fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -263,9 +269,14 @@ pub(crate) mod sim {
                 return;
             }
             let id = dead.identity.node_id();
-            for n in nodes.iter().filter(|n| !n.down.load(Ordering::SeqCst)) {
-                let _ = n.events.send(SwarmEvent::PeerDown(id));
-            }
+            // The living learn of it a moment later, as SWIM's failure detection takes its
+            // time: a call the dead node had already made is handled first.
+            lock(&self.detections).spawn(async move {
+                tokio::time::sleep(DETECTED_AFTER).await;
+                for n in nodes.iter().filter(|n| !n.down.load(Ordering::SeqCst)) {
+                    let _ = n.events.send(SwarmEvent::PeerDown(id));
+                }
+            });
         }
 
         /// The calls delivered so far, as (caller, target, method) names.
