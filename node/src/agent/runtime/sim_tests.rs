@@ -93,6 +93,41 @@ impl Cluster {
             .1
     }
 
+    /// A chat among `names` (in that order), hosted by the first, with `config` and up to
+    /// `max_turns` turns.
+    fn talk(&self, names: &[&str], max_turns: u32, config: ChatConfig) -> LaunchParams {
+        LaunchParams {
+            group_id: new_group_id(),
+            goal: "Talk it through.".into(),
+            members: names
+                .iter()
+                .map(|n| MemberRef {
+                    id: self.agent(n).node_id().to_owned(),
+                    name: n.to_string(),
+                })
+                .collect(),
+            initiator: self.agent(names[0]).node_id().to_owned(),
+            team_up_depth: 0,
+            max_depth: 0,
+            max_turns,
+            config,
+        }
+    }
+
+    /// The senders of the `member_left` messages in `host`'s log of `group`.
+    async fn left(&self, host: &str, group: &str) -> Vec<String> {
+        let log = self
+            .agent(host)
+            .store()
+            .messages::<Message>(group)
+            .await
+            .expect("messages");
+        log.into_iter()
+            .filter(|m| m.body.msg_type == MessageType::MemberLeft)
+            .map(|m| m.body.sender)
+            .collect()
+    }
+
     /// The names of the nodes cited by `result`.
     fn cited(result: &TaskResult) -> Vec<String> {
         result.citations.iter().map(|c| c.node.clone()).collect()
@@ -387,26 +422,10 @@ async fn a_member_whose_turns_fail_is_dropped_after_the_missed_turn_limit_and_th
     )
     .await;
     *bea_id.lock().expect("lock") = c.agent("bea").node_id().to_owned();
-    let members: Vec<MemberRef> = ["ada", "bea", "cal"]
-        .iter()
-        .map(|n| MemberRef {
-            id: c.agent(n).node_id().to_owned(),
-            name: n.to_string(),
-        })
-        .collect();
     let config = ChatConfig::default();
     let limit = config.max_missed_turns as usize;
-    let group = new_group_id();
-    let params = LaunchParams {
-        group_id: group.clone(),
-        goal: "Talk it through.".into(),
-        members,
-        initiator: c.agent("ada").node_id().to_owned(),
-        team_up_depth: 0,
-        max_depth: 0,
-        max_turns: 10,
-        config,
-    };
+    let params = c.talk(&["ada", "bea", "cal"], 10, config);
+    let group = params.group_id.clone();
     let r = tokio::time::timeout(
         Duration::from_secs(30),
         c.agent("ada").host_group(params, None, None),
@@ -417,18 +436,7 @@ async fn a_member_whose_turns_fail_is_dropped_after_the_missed_turn_limit_and_th
     assert_eq!(r.conclusion, "Scripted conclusion.");
     // bea was asked exactly as many times as the limit allows, then counted out.
     assert_eq!(failed.load(std::sync::atomic::Ordering::SeqCst), limit);
-    let log = c
-        .agent("ada")
-        .store()
-        .messages::<Message>(&group)
-        .await
-        .expect("messages");
-    let left: Vec<&str> = log
-        .iter()
-        .filter(|m| m.body.msg_type == MessageType::MemberLeft)
-        .map(|m| m.body.sender.as_str())
-        .collect();
-    assert_eq!(left, [c.agent("bea").node_id()], "{log:?}");
+    assert_eq!(c.left("ada", &group).await, [c.agent("bea").node_id()]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -542,23 +550,8 @@ async fn a_person_slower_than_the_turn_timeout_misses_turns_until_counted_out() 
     .await;
     *bea_id.lock().expect("lock") = c.agent("bea").node_id().to_owned();
     let mut bea_events = c.agent("bea").events();
-    let group = new_group_id();
-    let params = LaunchParams {
-        group_id: group.clone(),
-        goal: "Talk it through.".into(),
-        members: ["ada", "bea"]
-            .iter()
-            .map(|n| MemberRef {
-                id: c.agent(n).node_id().to_owned(),
-                name: n.to_string(),
-            })
-            .collect(),
-        initiator: c.agent("ada").node_id().to_owned(),
-        team_up_depth: 0,
-        max_depth: 0,
-        max_turns: 10,
-        config: config.clone(),
-    };
+    let params = c.talk(&["ada", "bea"], 10, config.clone());
+    let group = params.group_id.clone();
     let (started, real) = (tokio::time::Instant::now(), std::time::Instant::now());
     let r = c
         .agent("ada")
@@ -586,19 +579,8 @@ async fn a_person_slower_than_the_turn_timeout_misses_turns_until_counted_out() 
     }
     assert_eq!((asked, unanswered), (limit, limit));
     assert!(c.agent("bea").pending_human().is_empty());
-    // Counted out as a missed-turn departure, not as a node that went down.
-    let log = c
-        .agent("ada")
-        .store()
-        .messages::<Message>(&group)
-        .await
-        .expect("messages");
-    let left: Vec<&str> = log
-        .iter()
-        .filter(|m| m.body.msg_type == MessageType::MemberLeft)
-        .map(|m| m.body.sender.as_str())
-        .collect();
-    assert_eq!(left, [c.agent("bea").node_id()], "{log:?}");
+    // Counted out after its missed turns: it left the group.
+    assert_eq!(c.left("ada", &group).await, [c.agent("bea").node_id()]);
     eprintln!(
         "a silent person: {} missed turns, concluded after {:.0} s of virtual time in {:.2} s",
         limit,
@@ -656,23 +638,8 @@ async fn a_host_whose_own_model_is_too_slow_loses_turns_never_its_group() {
     )
     .await;
     *ada_id.lock().expect("lock") = c.agent("ada").node_id().to_owned();
-    let group = new_group_id();
-    let params = LaunchParams {
-        group_id: group.clone(),
-        goal: "Talk it through.".into(),
-        members: ["ada", "bea"]
-            .iter()
-            .map(|n| MemberRef {
-                id: c.agent(n).node_id().to_owned(),
-                name: n.to_string(),
-            })
-            .collect(),
-        initiator: c.agent("ada").node_id().to_owned(),
-        team_up_depth: 0,
-        max_depth: 0,
-        max_turns: 20,
-        config: config.clone(),
-    };
+    let params = c.talk(&["ada", "bea"], 20, config.clone());
+    let group = params.group_id.clone();
     let started = tokio::time::Instant::now();
     let r = c
         .agent("ada")
@@ -688,15 +655,5 @@ async fn a_host_whose_own_model_is_too_slow_loses_turns_never_its_group() {
     assert!(
         started.elapsed() >= Duration::from_millis(config.turn_timeout_ms) * (limit as u32 + 1)
     );
-    let log = c
-        .agent("ada")
-        .store()
-        .messages::<Message>(&group)
-        .await
-        .expect("messages");
-    assert!(
-        log.iter()
-            .all(|m| m.body.msg_type != MessageType::MemberLeft),
-        "{log:?}"
-    );
+    assert!(c.left("ada", &group).await.is_empty());
 }
