@@ -57,6 +57,40 @@ pub fn check_exposure(addr: SocketAddr, keys: &[String]) -> Result<(), ExposureE
     Ok(())
 }
 
+/// Checks one entry of `[api] cors_origins` (or `starling serve --cors-origin`): a web
+/// origin, `http://` or `https://` then a host and an optional port, nothing after it
+/// (browsers send exactly that in `Origin`). Returns it lower-cased, as it is compared.
+/// `*` is refused: any page on the web could then read the API with a user's key.
+pub fn check_cors_origin(origin: &str) -> Result<String, String> {
+    let o = origin.trim().to_ascii_lowercase();
+    if o == "*" || o.contains('*') {
+        return Err(format!(
+            "`{origin}`: wildcards are not accepted; list each origin (`https://app.example.com`)"
+        ));
+    }
+    let Some((scheme, rest)) = ["http://", "https://"]
+        .iter()
+        .find_map(|sch| o.strip_prefix(sch).map(|r| (*sch, r)))
+    else {
+        return Err(format!(
+            "`{origin}` is not a web origin: it must start with http:// or https:// \
+             (`https://app.example.com`)"
+        ));
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) || rest.chars().any(char::is_whitespace)
+    {
+        return Err(format!(
+            "`{origin}` is not a web origin: give the scheme, host and port only, no path \
+             (`https://app.example.com:8443`)"
+        ));
+    }
+    if rest.parse::<http::uri::Authority>().is_err() {
+        return Err(format!("`{origin}` does not name a valid host and port"));
+    }
+    Ok(format!("{scheme}{rest}"))
+}
+
 /// Why a config could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -183,6 +217,10 @@ pub struct ApiSection {
     /// API keys (at least 16 characters each): when any is set, every request needs
     /// `Authorization: Bearer <key>`. Required when `listen` is not loopback.
     pub keys: Vec<String>,
+    /// Web origins (`https://app.example.com`) whose pages may call the API from a browser,
+    /// besides pages served from this machine (loopback), which always may. Pages of other
+    /// origins get no CORS headers, so the browser keeps them from reading answers.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ApiSection {
@@ -191,6 +229,7 @@ impl Default for ApiSection {
             listen: DEFAULT_API_ADDR,
             max_inflight: 32,
             keys: Vec::new(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -586,6 +625,11 @@ impl NodeConfig {
         if let Err(e) = check_exposure(self.api.listen, &self.api.keys) {
             return invalid("api.keys", &e.to_string());
         }
+        for origin in &self.api.cors_origins {
+            if let Err(e) = check_cors_origin(origin) {
+                return invalid("api.cors_origins", &e);
+            }
+        }
         if self.models.context < 16 {
             return invalid("models.context", "must be at least 16 tokens");
         }
@@ -871,6 +915,7 @@ mod tests {
             membership = "wan"
             [api]
             listen = "127.0.0.1:8000"
+            cors_origins = ["https://App.example.com", "http://10.0.0.5:8080/"]
             [models]
             chat = "gemma3-270m"
             embedding = ""
@@ -887,6 +932,13 @@ mod tests {
         assert_eq!(c.bootstrap_peers().unwrap().len(), 1);
         assert_eq!(c.agent.kind, AgentKind::Human);
         assert_eq!(c.agent.max_turns, 6);
+        let origins: Vec<String> = c
+            .api
+            .cors_origins
+            .iter()
+            .map(|o| check_cors_origin(o).unwrap())
+            .collect();
+        assert_eq!(origins, ["https://app.example.com", "http://10.0.0.5:8080"]);
     }
 
     #[test]
@@ -907,6 +959,12 @@ mod tests {
             ("[api]\nmax_inflight = 0", "api.max_inflight"),
             ("[api]\nlisten = \"0.0.0.0:7431\"", "api.keys"),
             ("[api]\nkeys = [\"short\"]", "api.keys"),
+            ("[api]\ncors_origins = [\"*\"]", "api.cors_origins"),
+            ("[api]\ncors_origins = [\"app.example.com\"]", "api.cors_origins"),
+            (
+                "[api]\ncors_origins = [\"https://app.example.com/ui\"]",
+                "api.cors_origins",
+            ),
             ("[memory]\nthreshold = 11", "memory.threshold"),
             ("[memory]\nmin_similarity = 2", "memory.min_similarity"),
             ("[memory]\nexamples = 100", "memory.examples"),

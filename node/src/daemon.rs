@@ -205,6 +205,13 @@ impl Node {
             max_inflight: config.api.max_inflight,
             loopback_hosts_only: config.api.listen.ip().is_loopback(),
             api_keys: config.api.keys.clone(),
+            // Checked when the config was read.
+            cors_origins: config
+                .api
+                .cors_origins
+                .iter()
+                .filter_map(|o| crate::config::check_cors_origin(o).ok())
+                .collect(),
             ..ApiConfig::default()
         };
         // What the config says about the chat model: loaded here, and what a model

@@ -129,7 +129,7 @@ pub fn router_with(state: AppState, extra: Router) -> Router {
                 ApiError::internal("the server hit an internal error").into_response()
             },
         ))
-        .layer(cors())
+        .layer(cors(state.config().cors_origins.clone()))
         .layer(TraceLayer::new_for_http())
 }
 
@@ -326,19 +326,20 @@ fn is_loopback_authority(authority: &str) -> bool {
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// CORS for pages served from this machine only (a local web UI); other origins get no
-/// CORS headers, so browsers keep their pages from reading or posting JSON to the API.
-fn cors() -> CorsLayer {
+/// CORS for pages served from this machine (a local web UI) and for the configured
+/// `origins` (lower-case, exact); other origins get no CORS headers, so browsers keep their
+/// pages from reading or posting JSON to the API.
+fn cors(origins: Vec<String>) -> CorsLayer {
     CorsLayer::new()
-        .allow_origin(AllowOrigin::predicate(|origin: &HeaderValue, _| {
-            origin
-                .to_str()
-                .ok()
-                .and_then(|o| {
-                    o.strip_prefix("http://")
-                        .or_else(|| o.strip_prefix("https://"))
-                })
-                .is_some_and(is_loopback_authority)
+        .allow_origin(AllowOrigin::predicate(move |origin: &HeaderValue, _| {
+            let Ok(o) = origin.to_str() else {
+                return false;
+            };
+            let loopback = o
+                .strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+                .is_some_and(is_loopback_authority);
+            loopback || origins.iter().any(|x| x.eq_ignore_ascii_case(o))
         }))
         .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
         .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
@@ -442,6 +443,46 @@ mod tests {
             body_timeout: std::time::Duration::from_millis(300),
             ..ApiConfig::default()
         }
+    }
+
+    /// What the server answers `Origin: origin` on `GET /health` (headers and body).
+    async fn answer_to_origin(addr: SocketAddr, origin: &str) -> String {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let req = format!(
+            "GET /health HTTP/1.1\r\nHost: localhost\r\nOrigin: {origin}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.expect("write");
+        read_until_closed(&mut s, std::time::Duration::from_secs(5))
+            .await
+            .0
+            .to_ascii_lowercase()
+    }
+
+    /// Loopback pages always get CORS headers; a configured origin gets them too (however
+    /// its case is written); any other origin, or a configured one's other port or scheme,
+    /// gets none.
+    #[tokio::test]
+    async fn cors_headers_go_to_loopback_pages_and_configured_origins_only() {
+        let (addr, cancel, server) = serve_with(ApiConfig {
+            cors_origins: vec!["https://app.example.com".into()],
+            ..ApiConfig::default()
+        })
+        .await;
+        let allowed = |answer: &str, origin: &str| {
+            answer.contains(&format!("access-control-allow-origin: {origin}"))
+        };
+        for origin in ["http://localhost:3000", "https://app.example.com", "https://APP.example.com"] {
+            let a = answer_to_origin(addr, origin).await;
+            assert!(a.starts_with("http/1.1 200"), "{a}");
+            assert!(allowed(&a, &origin.to_ascii_lowercase()), "{origin}: {a}");
+        }
+        for origin in ["https://evil.example", "http://app.example.com", "https://app.example.com:8443"] {
+            let a = answer_to_origin(addr, origin).await;
+            assert!(!a.contains("access-control-allow-origin"), "{origin}: {a}");
+        }
+        cancel.cancel();
+        server.await.expect("join").expect("serve");
     }
 
     /// Slowloris: headers that never end, and an idle keep-alive connection, are closed

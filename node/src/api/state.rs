@@ -41,6 +41,9 @@ pub struct ApiConfig {
     pub body_timeout: std::time::Duration,
     /// Most connections served at once; more are closed as they are accepted.
     pub max_connections: usize,
+    /// Web origins (lower-case, as [`crate::config::check_cors_origin`] returns them) whose
+    /// pages get CORS headers, besides loopback pages, which always do.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -55,6 +58,7 @@ impl Default for ApiConfig {
             header_timeout: std::time::Duration::from_secs(30),
             body_timeout: std::time::Duration::from_secs(60),
             max_connections: 1024,
+            cors_origins: Vec::new(),
         }
     }
 }

@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// The API key (added to `api.keys`).
     #[command(flatten)]
     pub key: crate::cli::ServeKeyArgs,
+    /// A web origin (`https://app.example.com`) whose pages may call the API from a browser
+    /// besides this machine's own; repeat for more.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
 }
 
 /// Loads the models and serves the API until Ctrl-C or SIGTERM.
@@ -41,6 +45,11 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
         max_inflight: args.max_inflight.max(1),
         loopback_hosts_only: args.api.ip().is_loopback(),
         api_keys: args.key.api_key.iter().cloned().collect(),
+        cors_origins: args
+            .cors_origins
+            .iter()
+            .map(|o| crate::config::check_cors_origin(o).map_err(|e| anyhow::anyhow!("--cors-origin {e}")))
+            .collect::<anyhow::Result<_>>()?,
         ..ApiConfig::default()
     };
     // Before the models load: a refusal should not wait for them.
