@@ -78,7 +78,9 @@ pub fn check_cors_origin(origin: &str) -> Result<String, String> {
         ));
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) || rest.chars().any(char::is_whitespace)
+    if rest.is_empty()
+        || rest.contains(['/', '?', '#', '@'])
+        || rest.chars().any(char::is_whitespace)
     {
         return Err(format!(
             "`{origin}` is not a web origin: give the scheme, host and port only, no path \
@@ -960,7 +962,10 @@ mod tests {
             ("[api]\nlisten = \"0.0.0.0:7431\"", "api.keys"),
             ("[api]\nkeys = [\"short\"]", "api.keys"),
             ("[api]\ncors_origins = [\"*\"]", "api.cors_origins"),
-            ("[api]\ncors_origins = [\"app.example.com\"]", "api.cors_origins"),
+            (
+                "[api]\ncors_origins = [\"app.example.com\"]",
+                "api.cors_origins",
+            ),
             (
                 "[api]\ncors_origins = [\"https://app.example.com/ui\"]",
                 "api.cors_origins",

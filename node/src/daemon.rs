@@ -30,6 +30,10 @@ use crate::store::Store;
 /// How long [`Node::shutdown`] lets open HTTP connections finish before closing them.
 pub const API_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long [`Node::shutdown`] waits for background work (the memory sync, card and
+/// event followers, a memory being scored) to stop before aborting it.
+pub const BACKGROUND_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// File in the data dir holding the swarm secret (base32, owner-readable only).
 pub const SECRET_FILE: &str = "swarm.secret";
 
@@ -152,6 +156,9 @@ pub struct NodeInner {
     pub cancel: CancellationToken,
     /// The HTTP API's task: [`Node::shutdown`] awaits it; dropping the node aborts it.
     api_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The node's background tasks (the memory sync): [`Node::shutdown`] awaits them;
+    /// dropping the node aborts them.
+    background: crate::owned::Background,
 }
 
 impl std::ops::Deref for NodeInner {
@@ -310,7 +317,9 @@ impl Node {
         )
         .await
         .map_err(|e| anyhow::anyhow!("cannot open the memory book: {e}"))?;
-        memory.follow(swarm.clone(), cancel.clone());
+        // The node's own background work (the memory sync); the agent owns its own.
+        let background = crate::owned::Background::new();
+        background.spawn(memory.follow(swarm.clone(), cancel.clone()));
         let agent = Agent::start(
             swarm.clone(),
             config.clone(),
@@ -380,6 +389,7 @@ impl Node {
             home: opts.home.clone(),
             cancel: cancel.clone(),
             api_task: std::sync::Mutex::new(None),
+            background,
         }));
         let api_cancel = cancel.clone();
         let api_task = tokio::spawn(async move {
@@ -393,8 +403,16 @@ impl Node {
         Ok(node)
     }
 
+    /// Background tasks the node and its agent hold (running, or ended and not yet
+    /// reaped): the memory sync, the swarm follower, the memory announcer, memories being
+    /// scored. None after [`Node::shutdown`].
+    pub fn background_tasks(&self) -> usize {
+        self.background.len() + self.agent.background_tasks()
+    }
+
     /// Stops the API (its listener closed and its connections drained, or cut after
-    /// [`API_DRAIN`], when this returns) and leaves the swarm.
+    /// [`API_DRAIN`], when this returns), then the background work (awaited for up to
+    /// [`BACKGROUND_DRAIN`], then aborted), and leaves the swarm.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
         let api_task = self.api_task.lock().ok().and_then(|mut t| t.take());
@@ -412,6 +430,16 @@ impl Node {
                     let _ = task.await;
                 }
             }
+        }
+        // Background work stops on the cancel; what is still running after the limit
+        // (a model call scoring a memory) is aborted before the swarm goes.
+        let aborted = self.agent.close(BACKGROUND_DRAIN).await
+            + self.background.close(BACKGROUND_DRAIN).await;
+        if aborted > 0 {
+            tracing::warn!(
+                aborted,
+                "background tasks still running after {BACKGROUND_DRAIN:?}; aborted"
+            );
         }
         self.swarm.shutdown().await;
     }

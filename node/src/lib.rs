@@ -14,5 +14,6 @@ pub mod loading;
 pub mod logging;
 pub mod memory;
 mod outside;
+pub mod owned;
 pub mod search;
 pub mod store;

@@ -63,9 +63,11 @@ async fn a_memory_reaches_every_node_and_survives_restart() {
     let c = start(dirs[2].path(), &secret, Some(&a)).await;
     let cancel = CancellationToken::new();
     let mut books = Vec::new();
+    // Owned here: aborted when the test ends, however it ends.
+    let mut follows = tokio::task::JoinSet::new();
     for (d, s) in dirs.iter().zip([&a, &b, &c]) {
         let book = open_book(d.path(), Some(e.clone()), s).await;
-        book.follow(s.clone(), cancel.clone());
+        follows.spawn(book.follow(s.clone(), cancel.clone()));
         books.push(book);
     }
     let pair = Pair {
@@ -155,7 +157,8 @@ async fn a_damaged_memory_row_is_skipped_and_rebuilt_from_its_signed_record() {
     assert!(book.get(&ids[1]).is_some(), "an intact memory was lost");
     assert!(book.get(&ids[0]).is_none(), "a damaged row was served");
     let cancel = CancellationToken::new();
-    book.follow(a2.clone(), cancel.clone());
+    let mut follow = tokio::task::JoinSet::new();
+    follow.spawn(book.follow(a2.clone(), cancel.clone()));
     until("rebuild", Duration::from_secs(20), async || {
         book.get(&ids[0]).is_some()
     })

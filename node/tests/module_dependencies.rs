@@ -9,22 +9,28 @@ use std::path::{Path, PathBuf};
 /// Each module of the library and the crate modules it may use (besides itself).
 const RULES: &[(&str, &[&str])] = &[
     ("outside", &[]),
+    ("owned", &[]),
     ("store", &["outside"]),
     ("search", &[]),
     ("llm", &["outside"]),
     ("logging", &[]),
     ("config", &[]),
-    ("memory", &["llm", "search", "store"]),
-    ("agent", &["config", "llm", "memory", "search", "store"]),
+    ("memory", &["llm", "owned", "search", "store"]),
+    (
+        "agent",
+        &["config", "llm", "memory", "owned", "search", "store"],
+    ),
     (
         "api",
-        &["agent", "config", "llm", "memory", "search", "store"],
+        &[
+            "agent", "config", "llm", "memory", "owned", "search", "store",
+        ],
     ),
     ("loading", &["api", "config"]),
     (
         "daemon",
         &[
-            "agent", "api", "config", "llm", "loading", "memory", "search", "store",
+            "agent", "api", "config", "llm", "loading", "memory", "owned", "search", "store",
         ],
     ),
 ];

@@ -1,7 +1,8 @@
 //! `Node::shutdown` owns the HTTP API's task: when it returns, the API's listener and its
 //! connections are closed. A client holding `/api/events` open (as the dashboard does)
 //! gets a last `shutdown` event and a clean end of the stream; any other stream still
-//! open delays shutdown by at most `API_DRAIN`.
+//! open delays shutdown by at most `API_DRAIN`. The node's background tasks (memory sync,
+//! swarm follower, memory announcer) are owned: none is left when shutdown returns.
 
 #![allow(clippy::unwrap_used)]
 
@@ -39,8 +40,19 @@ async fn shutdown_returns_with_the_api_closed_even_with_a_stream_open() {
     events.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"HTTP/1.1 200", "the events stream is open");
 
+    // The memory sync, the swarm follower and the memory announcer.
+    assert!(
+        node.background_tasks() >= 3,
+        "{} background tasks",
+        node.background_tasks()
+    );
     let started = Instant::now();
     node.shutdown().await;
+    assert_eq!(
+        node.background_tasks(),
+        0,
+        "background tasks outlived shutdown"
+    );
     let took = started.elapsed();
     assert!(
         took < API_DRAIN + Duration::from_secs(5),

@@ -188,6 +188,9 @@ pub struct Executor {
     tools: ToolBox,
     config: ExecutorConfig,
     memory: Option<MemoryBook>,
+    /// Work left running after an answer (memory feedback and admission): owned, so
+    /// [`Executor::close`] awaits it and dropping the last clone aborts it.
+    background: crate::owned::Background,
 }
 
 impl Executor {
@@ -203,7 +206,19 @@ impl Executor {
             tools,
             config,
             memory: None,
+            background: crate::owned::Background::new(),
         }
+    }
+
+    /// Tasks left running after answers (or ended and not yet reaped).
+    pub fn background_tasks(&self) -> usize {
+        self.background.len()
+    }
+
+    /// Waits up to `limit` for the work left running after answers (memory admission) to
+    /// end, then aborts it; returns how many tasks were aborted.
+    pub async fn close(&self, limit: std::time::Duration) -> usize {
+        self.background.close(limit).await
     }
 
     /// Uses the node's shared memories: the best matching ones are worked examples in the
@@ -305,7 +320,7 @@ impl Executor {
             threshold: self.config.admission_threshold,
             ..AdmissionConfig::default()
         };
-        tokio::spawn(async move {
+        self.background.spawn(async move {
             for id in ids {
                 if let Err(e) = book.feedback(&id, verified).await {
                     debug!(error = %e, memory = %id, "memory feedback not recorded");

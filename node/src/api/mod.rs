@@ -472,12 +472,20 @@ mod tests {
         let allowed = |answer: &str, origin: &str| {
             answer.contains(&format!("access-control-allow-origin: {origin}"))
         };
-        for origin in ["http://localhost:3000", "https://app.example.com", "https://APP.example.com"] {
+        for origin in [
+            "http://localhost:3000",
+            "https://app.example.com",
+            "https://APP.example.com",
+        ] {
             let a = answer_to_origin(addr, origin).await;
             assert!(a.starts_with("http/1.1 200"), "{a}");
             assert!(allowed(&a, &origin.to_ascii_lowercase()), "{origin}: {a}");
         }
-        for origin in ["https://evil.example", "http://app.example.com", "https://app.example.com:8443"] {
+        for origin in [
+            "https://evil.example",
+            "http://app.example.com",
+            "https://app.example.com:8443",
+        ] {
             let a = answer_to_origin(addr, origin).await;
             assert!(!a.contains("access-control-allow-origin"), "{origin}: {a}");
         }

@@ -48,7 +48,10 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
         cors_origins: args
             .cors_origins
             .iter()
-            .map(|o| crate::config::check_cors_origin(o).map_err(|e| anyhow::anyhow!("--cors-origin {e}")))
+            .map(|o| {
+                crate::config::check_cors_origin(o)
+                    .map_err(|e| anyhow::anyhow!("--cors-origin {e}"))
+            })
             .collect::<anyhow::Result<_>>()?,
         ..ApiConfig::default()
     };

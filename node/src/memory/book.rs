@@ -1218,14 +1218,14 @@ impl MemoryBook {
     }
 
     /// Follows the swarm: ingests every stored memory record now, then each one as it
-    /// arrives (in batches), until `cancel` fires.
+    /// arrives (in batches), until `cancel` fires. The caller runs (and owns) the task.
     pub fn follow(
         &self,
         swarm: Swarm,
         cancel: tokio_util::sync::CancellationToken,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let book = self.clone();
-        tokio::spawn(async move { super::sync::follow(book, swarm, cancel).await })
+        async move { super::sync::follow(book, swarm, cancel).await }
     }
 
     /// A new memory body authored now.

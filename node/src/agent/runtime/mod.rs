@@ -463,6 +463,9 @@ struct Inner {
     pub(crate) messages_sent: std::sync::atomic::AtomicU64,
     pub(crate) messages_received: std::sync::atomic::AtomicU64,
     cancel: CancellationToken,
+    /// Background tasks of the agent (the swarm follower, the memory announcer):
+    /// [`Agent::close`] awaits them.
+    background: crate::owned::Background,
 }
 
 struct PendingHuman {
@@ -571,6 +574,7 @@ impl Agent {
             messages_sent: Default::default(),
             messages_received: Default::default(),
             cancel,
+            background: crate::owned::Background::new(),
         }));
         // Subscribe before loading: a card that arrives while the stored ones load (a
         // sync on connect does that at start) is then seen by `follow_swarm`, not lost.
@@ -602,7 +606,10 @@ impl Agent {
                 async move { a.handle_rpc(req).await }
             }),
         );
-        tokio::spawn(agent.clone().follow_swarm(swarm_events));
+        agent
+            .0
+            .background
+            .spawn(agent.clone().follow_swarm(swarm_events));
         if let Some(book) = &opts.memory {
             agent.announce_memories(book);
         }
@@ -614,6 +621,18 @@ impl Agent {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
+    }
+
+    /// After the node's cancel fired: waits up to `limit` for the agent's background work
+    /// (its own and its executor's) to stop, and aborts what is left; returns how many
+    /// tasks had to be aborted.
+    pub async fn close(&self, limit: std::time::Duration) -> usize {
+        self.0.background.close(limit).await + self.0.executor.close(limit).await
+    }
+
+    /// Background tasks the agent holds (running, or ended and not yet reaped).
+    pub fn background_tasks(&self) -> usize {
+        self.0.background.len() + self.0.executor.background_tasks()
     }
 
     /// This node's id.
@@ -631,7 +650,7 @@ impl Agent {
     fn announce_memories(&self, book: &crate::memory::MemoryBook) {
         let mut rx = book.subscribe_added();
         let agent = self.clone();
-        tokio::spawn(async move {
+        self.0.background.spawn(async move {
             loop {
                 let m = tokio::select! {
                     biased;
