@@ -196,6 +196,9 @@ impl Node {
             .data_dir
             .clone()
             .unwrap_or_else(|| opts.home.join("node"));
+        // Before anything starts: beyond loopback the API needs a key (as the config file
+        // and `starling up` require), also for a caller that built the config itself.
+        crate::config::check_exposure(config.api.listen, &config.api.keys)?;
         std::fs::create_dir_all(&data_dir)
             .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
         let (secret, origin) = resolve_secret(
