@@ -55,7 +55,8 @@
 //!   deadline, or whose answer fails ([`Input::NoAnswer`]: the call or its model failed)
 //!   loses its turn; a member that goes down has its running tasks failed. A member that
 //!   misses [`ChatConfig::max_missed_turns`] turns in a row is treated as down (never the
-//!   initiator, the host: a slow or failing model of its own costs it turns, not its group). A task whose deadline passes fails. When only one member
+//!   initiator, the host: a slow or failing model of its own costs it turns, not its group). A task whose deadline passes fails. A failed task is handed on once
+//!   to another live member ([`ChatConfig::reassign_failed`]). When only one member
 //!   is left, it is asked to conclude (the initiator, if it is the one left); when nobody
 //!   is, the machine concludes by itself.
 //!   The host may add a member to the running group ([`Input::Recruit`]), a replacement for
@@ -127,6 +128,14 @@ pub struct ChatConfig {
     /// limit: with `max_turns = 1` it is the only turn, and the machine concludes with the
     /// tasks' results once they are in.
     pub opening_assignment: bool,
+    /// A task that fails (its result not ok, its deadline passed, its assignee gone) is
+    /// handed once to another live member ([`GroupChat`] picks the next member in launch
+    /// order after the failed assignee that has no running task, else any other live
+    /// member, the initiator last), as a new task with the same description; the pause
+    /// that waited on the failed task waits on the new one. A task that is itself such a
+    /// retry is not handed on again. Not in moderated groups: their moderator routes a
+    /// failed sub-question by the evidence it holds.
+    pub reassign_failed: bool,
 }
 
 impl Default for ChatConfig {
@@ -145,6 +154,7 @@ impl Default for ChatConfig {
             max_tasks_per_decision: 8,
             moderated: false,
             opening_assignment: false,
+            reassign_failed: true,
         }
     }
 }
@@ -852,6 +862,9 @@ pub struct GroupChat {
     missed: BTreeMap<String, u32>,
     ending: Option<ConclusionReason>,
     conclusion: Option<String>,
+    /// Tasks handed on after failing, and the retries themselves: neither is handed on
+    /// (again).
+    retried: HashSet<TaskId>,
 }
 
 impl LaunchParams {
@@ -953,6 +966,7 @@ impl GroupChat {
             missed: BTreeMap::new(),
             ending: None,
             conclusion: None,
+            retried: HashSet::new(),
         }
     }
 
@@ -1297,6 +1311,9 @@ impl GroupChat {
             TaskState::Failed
         };
         self.finish_task(idx, outcome, result);
+        if outcome == TaskState::Failed {
+            self.hand_on(idx, now);
+        }
         self.after_tasks_changed(now);
         Ok(())
     }
@@ -1354,6 +1371,7 @@ impl GroupChat {
             .collect();
         for &i in &expired {
             self.finish_task(i, TaskState::Failed, "no result before the deadline".into());
+            self.hand_on(i, now);
         }
         if !expired.is_empty() {
             self.after_tasks_changed(now);
@@ -1497,6 +1515,7 @@ impl GroupChat {
             .collect();
         for i in theirs {
             self.finish_task(i, TaskState::Failed, "the assignee left the group".into());
+            self.hand_on(i, now);
         }
         self.queue.retain(|m| m != member);
         if let Some(w) = self.wait.as_mut() {
@@ -1634,6 +1653,88 @@ impl GroupChat {
         msg.task_abstract = task.task_abstract;
         msg.task_conclusion = conclusion;
         self.publish(msg);
+    }
+
+    /// Hands the failed task `idx` to another live member (see
+    /// [`ChatConfig::reassign_failed`]), unless it is a retry, was handed on already, or
+    /// nobody else is live.
+    fn hand_on(&mut self, idx: usize, now: Millis) {
+        if !self.config.reassign_failed
+            || self.config.moderated
+            || self.conclusion.is_some()
+            || self.retried.contains(&self.tasks[idx].id)
+        {
+            return;
+        }
+        let failed = self.tasks[idx].clone();
+        let busy = |id: &str| {
+            self.tasks
+                .iter()
+                .any(|t| t.state == TaskState::Running && t.assignee == id)
+        };
+        let start = self
+            .members
+            .iter()
+            .position(|m| m.id == failed.assignee)
+            .map_or(0, |p| p + 1);
+        let n = self.members.len();
+        let order: Vec<&MemberRef> = (0..n).map(|k| &self.members[(start + k) % n]).collect();
+        let eligible = |m: &&&MemberRef| {
+            m.id != failed.assignee && !self.down.contains(&m.id) && m.id != self.initiator
+        };
+        let Some(to) = order
+            .iter()
+            .filter(eligible)
+            .find(|m| !busy(&m.id))
+            .or_else(|| order.iter().find(eligible))
+            .map(|m| m.id.clone())
+            .or_else(|| {
+                (failed.assignee != self.initiator && !self.down.contains(&self.initiator))
+                    .then(|| self.initiator.clone())
+            })
+        else {
+            return;
+        };
+        let task = Task {
+            id: format!("t{}", self.next_task),
+            assignee: to,
+            assigner: self.initiator.clone(),
+            deadline: now.saturating_add(self.config.task_timeout_ms),
+            state: TaskState::Running,
+            assigned_turn: self.turn,
+            result: None,
+            child_group: None,
+            ..failed.clone()
+        };
+        self.next_task += 1;
+        self.retried.insert(failed.id.clone());
+        self.retried.insert(task.id.clone());
+        info!(group = %self.group_id, failed = %failed.id, task = %task.id, to = %task.assignee, "failed task handed on");
+        let msg_type = match task.mode {
+            TaskMode::Sync => MessageType::AssignSync,
+            TaskMode::Async => MessageType::AssignAsync,
+        };
+        let initiator = self.initiator.clone();
+        let mut msg = self.message(
+            &initiator,
+            msg_type,
+            format!("task {} failed; handed on as {}", failed.id, task.id),
+        );
+        msg.task_id = Some(task.id.clone());
+        msg.assignee = Some(task.assignee.clone());
+        msg.task_desc = Some(task.desc.clone());
+        msg.task_abstract = task.task_abstract.clone();
+        self.publish(msg);
+        if let Some(w) = self.wait.as_mut() {
+            if let Some(slot) = w.tasks.iter_mut().find(|t| **t == failed.id) {
+                *slot = task.id.clone();
+            }
+        }
+        self.effects.push_back(Effect::RunTask {
+            task: task.clone(),
+            sub_team_depth: self.sub_team_depth(),
+        });
+        self.tasks.push(task);
     }
 
     // ---- helpers ----
@@ -2964,7 +3065,7 @@ mod tests {
     }
 
     #[test]
-    fn a_member_going_down_mid_task_fails_its_task_and_the_chat_goes_on() {
+    fn a_member_going_down_mid_task_fails_its_task_and_another_member_takes_it() {
         let (mut chat, _) = launch(&["a", "b", "c"], 10);
         say(
             &mut chat,
@@ -2985,7 +3086,15 @@ mod tests {
         assert_eq!(msgs[1].task_id.as_deref(), Some("t1"));
         assert_eq!(msgs[1].task_conclusion, None);
         assert_eq!(chat.task("t1").unwrap().state, TaskState::Failed);
-        // Still waiting for c.
+        // b's task goes to c, the only other live member besides the host (busy with its
+        // own, but nobody else is free), as t3; the pause waits for both.
+        assert_eq!(msgs[2].msg_type, MessageType::AssignSync);
+        assert_eq!(msgs[2].task_id.as_deref(), Some("t3"));
+        let t3 = chat.task("t3").unwrap();
+        assert_eq!((t3.assignee.as_str(), t3.desc.as_str()), ("c", "hotels"));
+        assert!(fx
+            .iter()
+            .any(|e| matches!(e, Effect::RunTask { task, .. } if task.id == "t3")));
         assert!(asked(&fx).is_empty());
         assert_eq!(chat.state(), ChatState::SyncTaskAssignment);
         assert!(!chat.is_live("b"));
@@ -3010,6 +3119,11 @@ mod tests {
             }
         );
         let fx = report(&mut chat, "c", "t2", true, "TGV at 8:04");
+        assert!(
+            asked(&fx).is_empty(),
+            "the pause ended before the handed-on task"
+        );
+        let fx = report(&mut chat, "c", "t3", true, "Hotel Lyon");
         assert_eq!(asked(&fx), strs(&["c"]));
         // Going down twice changes nothing.
         chat.handle(Input::MemberDown("b".into()), T0).unwrap();
@@ -3156,7 +3270,7 @@ mod tests {
     }
 
     #[test]
-    fn a_task_without_result_before_its_deadline_fails() {
+    fn a_task_without_result_before_its_deadline_fails_and_is_handed_on_once() {
         let (mut chat, _) = launch(&["a", "b", "c"], 10);
         say(
             &mut chat,
@@ -3170,9 +3284,66 @@ mod tests {
         let fx = drain(&mut chat);
         assert_eq!(broadcasts(&fx)[0].msg_type, MessageType::TaskReport);
         assert_eq!(chat.task("t1").unwrap().state, TaskState::Failed);
-        // b is still a member; the pause ends and round robin after a gives b the turn.
+        // b is still a member, but its task goes to c (the next member after b that is
+        // free); the pause waits for it.
         assert!(chat.is_live("b"));
+        let t2 = chat.task("t2").unwrap();
+        assert_eq!((t2.assignee.as_str(), t2.desc.as_str()), ("c", "hotels"));
+        assert_eq!(t2.mode, TaskMode::Sync);
+        assert!(asked(&fx).is_empty());
+        // The retry fails too: it is not handed on again, and the pause ends; round robin
+        // after a gives b the turn.
+        let fx = report(&mut chat, "c", "t2", false, "no hotel list here");
+        assert_eq!(chat.tasks().len(), 2, "a retry was handed on again");
         assert_eq!(asked(&fx), strs(&["b"]));
+    }
+
+    /// A moderated group (a grounded inquiry) hands nothing on: its moderator routes the
+    /// sub-question by its evidence; nor does a group with the rule off.
+    #[test]
+    fn moderated_groups_and_groups_with_the_rule_off_hand_no_failed_task_on() {
+        for config in [
+            ChatConfig {
+                moderated: true,
+                ..ChatConfig::default()
+            },
+            ChatConfig {
+                reassign_failed: false,
+                ..ChatConfig::default()
+            },
+        ] {
+            let mut p = params(&["a", "b", "c"], 10);
+            p.config = config;
+            let (mut chat, _) = launch_with(p);
+            say(
+                &mut chat,
+                "a",
+                assign(AssignSync, "b, hotels please.", &[("b", "hotels")], &[]),
+                T0,
+            );
+            report(&mut chat, "b", "t1", false, "no hotel list here");
+            assert_eq!(chat.tasks().len(), 1);
+        }
+    }
+
+    /// With the host the only other live member, the host takes the failed task.
+    #[test]
+    fn the_host_takes_a_failed_task_when_nobody_else_is_live() {
+        let (mut chat, _) = launch(&["a", "b"], 10);
+        say(
+            &mut chat,
+            "a",
+            assign(AssignSync, "b, hotels please.", &[("b", "hotels")], &[]),
+            T0,
+        );
+        chat.handle(Input::MemberDown("b".into()), T0 + 1).unwrap();
+        drain(&mut chat);
+        let t2 = chat.task("t2").unwrap();
+        assert_eq!((t2.assignee.as_str(), t2.desc.as_str()), ("a", "hotels"));
+        // Once it is in, the host (the one member left) is asked to conclude.
+        let fx = report(&mut chat, "a", "t2", true, "Hotel Lyon");
+        assert_eq!(asked(&fx), strs(&["a"]));
+        assert_eq!(allowed(&fx), vec![DecisionType::Conclude]);
     }
 
     #[test]
