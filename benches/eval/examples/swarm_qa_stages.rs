@@ -16,6 +16,11 @@
 //!   and fused with the lexical order by reciprocal rank; the unit is shown in a chat turn
 //!   asking for a question it answers, or with `--upr-text` as raw text.
 //!
+//! - with `--judge K`: the lexical top K judged one at a time (no list, so no position to
+//!   prefer) by how much more likely the chat model finds `Yes` than `No` after "does
+//!   this passage answer the question?", alone and fused with the lexical order by
+//!   reciprocal rank. `STARLING_TEST_LLM` picks the model (a GGUF path).
+//!
 //! ```text
 //! cargo run --release -p starling-node --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--dense-weight W] FILE...
 //! ```
@@ -138,6 +143,57 @@ fn query_likelihood(
         .mean())
 }
 
+/// How much more likely the model finds `Yes` than `No` as the answer to whether `unit`
+/// answers `question` (log-probabilities, each passage judged alone).
+fn judge(engine: &Engine, unit: &Unit, question: &str) -> anyhow::Result<f32> {
+    let passage = if unit.heading.is_empty() {
+        unit.text.clone()
+    } else {
+        format!("{}: {}", unit.heading, unit.text)
+    };
+    let prompt = Prompt::Chat(vec![ChatMessage::user(format!(
+        "Passage: {passage}\n\nQuestion: {question}\n\nDoes the passage answer the question? Answer Yes or No."
+    ))]);
+    let yes = engine.score(&prompt, "Yes")?.blocking_wait()?.mean();
+    let no = engine.score(&prompt, "No")?.blocking_wait()?.mean();
+    Ok(yes - no)
+}
+
+/// Best ranks of the quoting unit among the lexical top `k` of each sub-question, ordered
+/// by `score` alone and fused with the lexical order (RRF).
+fn rerank_ranks(
+    subs: &[SubQuestion],
+    units: &[Unit],
+    part: &Part,
+    k: usize,
+    mut score: impl FnMut(&Unit, &SubQuestion) -> anyhow::Result<f32>,
+) -> anyhow::Result<(Option<usize>, Option<usize>)> {
+    let (mut alone, mut fused): (Option<usize>, Option<usize>) = (None, None);
+    for sub in subs {
+        let found = grounded::locate(sub, units, k);
+        if !found.iter().any(|l| part.quoted_in(&l.unit.text)) {
+            continue;
+        }
+        let s: Vec<f32> = found
+            .iter()
+            .map(|l| score(&l.unit, sub))
+            .collect::<anyhow::Result<_>>()?;
+        let mut by_s: Vec<usize> = (0..found.len()).collect();
+        by_s.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
+        let mut s_rank = vec![0; found.len()];
+        for (r, &i) in by_s.iter().enumerate() {
+            s_rank[i] = r;
+        }
+        let rrf: Vec<f32> = (0..found.len())
+            .map(|i| 1.0 / (60.0 + i as f32) + 1.0 / (60.0 + s_rank[i] as f32))
+            .collect();
+        let shown: Vec<Unit> = found.into_iter().map(|l| l.unit).collect();
+        alone = alone.into_iter().chain(rank_by(&shown, part, &s)).min();
+        fused = fused.into_iter().chain(rank_by(&shown, part, &rrf)).min();
+    }
+    Ok((alone, fused))
+}
+
 /// Best ranks of the quoting unit among the lexical top `k` of each sub-question, ordered
 /// by query likelihood alone and by reciprocal-rank fusion of it with the lexical order.
 fn upr_ranks(
@@ -180,11 +236,19 @@ fn main() -> anyhow::Result<()> {
     let mut weight = 0.5f32;
     let mut upr: Option<usize> = None;
     let mut upr_text = false;
+    let mut judge_k: Option<usize> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--choice" => choice = true,
             "--upr-text" => upr_text = true,
+            "--judge" => {
+                judge_k = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--judge needs a value"))?
+                        .parse()?,
+                )
+            }
             "--upr" => {
                 upr = Some(
                     args.next()
@@ -203,7 +267,7 @@ fn main() -> anyhow::Result<()> {
     }
     anyhow::ensure!(!files.is_empty(), "name one or more scenario files");
     let embedder = BertEmbedder::load(starling_models::testing::embedding_model())?;
-    let engine = if choice || upr.is_some() {
+    let engine = if choice || upr.is_some() || judge_k.is_some() {
         Some(Engine::load(
             &starling_models::testing::chat_model(),
             &EngineConfig::default(),
@@ -218,6 +282,7 @@ fn main() -> anyhow::Result<()> {
             (Ranks::default(), Ranks::default(), Ranks::default());
         let (mut asked, mut lexical_first, mut model_right, mut picks) = (0, 0, 0, [0usize; 4]);
         let (mut upr_alone, mut upr_fused) = (Ranks::default(), Ranks::default());
+        let (mut judge_alone, mut judge_fused) = (Ranks::default(), Ranks::default());
         for s in &scenarios {
             if s.tier == "calc" || s.tier == "unanswerable" {
                 continue;
@@ -272,6 +337,13 @@ fn main() -> anyhow::Result<()> {
                     upr_alone.add(a);
                     upr_fused.add(f);
                 }
+                if let (Some(engine), Some(k)) = (&engine, judge_k) {
+                    let (a, f) = rerank_ranks(&subs, &units, &part, k, |u, sub| {
+                        judge(engine, u, &sub.text)
+                    })?;
+                    judge_alone.add(a);
+                    judge_fused.add(f);
+                }
                 if let (Some(engine), true) = (&engine, choice) {
                     let best = subs
                         .iter()
@@ -298,6 +370,10 @@ fn main() -> anyhow::Result<()> {
         if let Some(k) = upr {
             println!("  lexical top {k} by query likelihood  {upr_alone}");
             println!("  lexical top {k} fused with it (RRF)  {upr_fused}");
+        }
+        if let Some(k) = judge_k {
+            println!("  lexical top {k} judged one by one (yes - no)  {judge_alone}");
+            println!("  lexical top {k} fused with the judge (RRF)  {judge_fused}");
         }
         if choice {
             println!(
