@@ -87,10 +87,23 @@ pub fn check_cors_origin(origin: &str) -> Result<String, String> {
              (`https://app.example.com:8443`)"
         ));
     }
-    if rest.parse::<http::uri::Authority>().is_err() {
-        return Err(format!("`{origin}` does not name a valid host and port"));
+    let bad = || format!("`{origin}` does not name a valid host and port");
+    let authority: http::uri::Authority = rest.parse().map_err(|_| bad())?;
+    if authority.host().is_empty() || authority.host() == "[]" {
+        return Err(bad());
     }
-    Ok(format!("{scheme}{rest}"))
+    // A port must be a number below 65536; browsers leave the scheme's default port out
+    // of `Origin`, so it is dropped here too.
+    let host = authority.host();
+    let port = match rest.strip_prefix(host).and_then(|p| p.strip_prefix(':')) {
+        None => None,
+        Some(p) => Some(p.parse::<u16>().map_err(|_| bad())?),
+    };
+    let default = if scheme == "https://" { 443 } else { 80 };
+    Ok(match port {
+        Some(p) if p != default => format!("{scheme}{host}:{p}"),
+        _ => format!("{scheme}{host}"),
+    })
 }
 
 /// Why a config could not be used.
@@ -941,6 +954,23 @@ mod tests {
             .map(|o| check_cors_origin(o).unwrap())
             .collect();
         assert_eq!(origins, ["https://app.example.com", "http://10.0.0.5:8080"]);
+        // Browsers leave a scheme's default port out of `Origin`; IPv6 hosts keep brackets.
+        for (given, compared) in [
+            ("https://app.example.com:443", "https://app.example.com"),
+            ("http://app.example.com:80/", "http://app.example.com"),
+            ("http://app.example.com:443", "http://app.example.com:443"),
+            ("http://[::1]:8080", "http://[::1]:8080"),
+        ] {
+            assert_eq!(check_cors_origin(given).unwrap(), compared, "{given}");
+        }
+        for bad in [
+            "https://:8080",
+            "https://app.example.com:99999",
+            "https://app.example.com:abc",
+            "https://user@app.example.com",
+        ] {
+            assert!(check_cors_origin(bad).is_err(), "{bad} accepted");
+        }
     }
 
     #[test]

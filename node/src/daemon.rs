@@ -159,6 +159,9 @@ pub struct NodeInner {
     /// The node's background tasks (the memory sync): [`Node::shutdown`] awaits them;
     /// dropping the node aborts them.
     background: crate::owned::Background,
+    /// Background tasks [`Node::shutdown`] had to abort (still running after
+    /// [`BACKGROUND_DRAIN`]).
+    aborted_at_shutdown: std::sync::atomic::AtomicUsize,
 }
 
 impl std::ops::Deref for NodeInner {
@@ -170,6 +173,9 @@ impl std::ops::Deref for NodeInner {
 
 impl Drop for NodeInner {
     fn drop(&mut self) {
+        // A node dropped without `shutdown`: its background tasks (which hold the agent,
+        // so they would keep it alive) stop on the node's own cancel.
+        self.cancel.cancel();
         let task = self.api_task.get_mut().map(Option::take);
         if let Ok(Some(task)) = task {
             task.abort();
@@ -215,13 +221,17 @@ impl Node {
             max_inflight: config.api.max_inflight,
             loopback_hosts_only: config.api.listen.ip().is_loopback(),
             api_keys: config.api.keys.clone(),
-            // Checked when the config was read.
+            // Checked when a config file is read; checked here again for a caller that
+            // built the config itself.
             cors_origins: config
                 .api
                 .cors_origins
                 .iter()
-                .filter_map(|o| crate::config::check_cors_origin(o).ok())
-                .collect(),
+                .map(|o| {
+                    crate::config::check_cors_origin(o)
+                        .map_err(|e| anyhow::anyhow!("api.cors_origins: {e}"))
+                })
+                .collect::<anyhow::Result<_>>()?,
             ..ApiConfig::default()
         };
         // What the config says about the chat model: loaded here, and what a model
@@ -393,6 +403,7 @@ impl Node {
             cancel: cancel.clone(),
             api_task: std::sync::Mutex::new(None),
             background,
+            aborted_at_shutdown: Default::default(),
         }));
         let api_cancel = cancel.clone();
         let api_task = tokio::spawn(async move {
@@ -411,6 +422,13 @@ impl Node {
     /// scored. None after [`Node::shutdown`].
     pub fn background_tasks(&self) -> usize {
         self.background.len() + self.agent.background_tasks()
+    }
+
+    /// Background tasks that [`Node::shutdown`] had to abort because they were still
+    /// running after [`BACKGROUND_DRAIN`] (0 when every one stopped on the cancel).
+    pub fn aborted_at_shutdown(&self) -> usize {
+        self.aborted_at_shutdown
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stops the API (its listener closed and its connections drained, or cut after
@@ -436,8 +454,13 @@ impl Node {
         }
         // Background work stops on the cancel; what is still running after the limit
         // (a model call scoring a memory) is aborted before the swarm goes.
-        let aborted = self.agent.close(BACKGROUND_DRAIN).await
-            + self.background.close(BACKGROUND_DRAIN).await;
+        let (agent, node) = tokio::join!(
+            self.agent.close(BACKGROUND_DRAIN),
+            self.background.close(BACKGROUND_DRAIN)
+        );
+        let aborted = agent + node;
+        self.aborted_at_shutdown
+            .fetch_add(aborted, std::sync::atomic::Ordering::Relaxed);
         if aborted > 0 {
             tracing::warn!(
                 aborted,

@@ -219,16 +219,29 @@ fn parent() {
             .spawn()
             .unwrap(),
     );
-    let mut out = BufReader::new(server.0.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    // The node's lines, read on a thread so that a node that never starts fails the test
+    // after a minute instead of hanging it.
+    let out = BufReader::new(server.0.stdout.take().unwrap());
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            if lines_tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || {
+        lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the node's process said nothing for a minute")
+    };
+    let line = next_line();
     assert!(
         line.starts_with("nokey ") && line.contains("without an API key"),
         "a node without a key started off loopback: {line:?}"
     );
     println!("test a_node_without_a_key_refuses_to_serve_off_loopback ... ok");
-    line.clear();
-    out.read_line(&mut line).unwrap();
+    let line = next_line();
     let addr = line
         .strip_prefix("api ")
         .unwrap_or_else(|| panic!("no API address: {line:?}"))
@@ -258,7 +271,17 @@ fn parent() {
     let mut stdin = server.0.stdin.take().unwrap();
     writeln!(stdin, "quit").unwrap();
     drop(stdin);
-    let code = server.0.wait().unwrap();
+    let stopped = std::time::Instant::now();
+    let code = loop {
+        if let Some(code) = server.0.try_wait().unwrap() {
+            break code;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(60),
+            "the node's process did not stop within a minute of `quit`"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(code.success(), "the node's process failed: {code}");
     println!("api_netns: 2 passed, 0 failed");
 }

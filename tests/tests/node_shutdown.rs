@@ -53,6 +53,11 @@ async fn shutdown_returns_with_the_api_closed_even_with_a_stream_open() {
         0,
         "background tasks outlived shutdown"
     );
+    assert_eq!(
+        node.aborted_at_shutdown(),
+        0,
+        "background tasks ignored the node's cancel and were aborted"
+    );
     let took = started.elapsed();
     assert!(
         took < API_DRAIN + Duration::from_secs(5),

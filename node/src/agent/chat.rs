@@ -835,6 +835,7 @@ struct Ask {
 struct Wait {
     tasks: Vec<TaskId>,
     resume_with: Option<String>,
+    reason: PauseReason,
 }
 
 /// A group chat. See the [module documentation](self) for the states and policies.
@@ -1513,9 +1514,8 @@ impl GroupChat {
                 self.tasks[i].state == TaskState::Running && self.tasks[i].assignee == member
             })
             .collect();
-        for i in theirs {
+        for &i in &theirs {
             self.finish_task(i, TaskState::Failed, "the assignee left the group".into());
-            self.hand_on(i, now);
         }
         self.queue.retain(|m| m != member);
         if let Some(w) = self.wait.as_mut() {
@@ -1526,6 +1526,11 @@ impl GroupChat {
         let live = self.live_members().count();
         if live == 1 && self.members.len() > 1 {
             self.ending = Some(ConclusionReason::MembersGone);
+        }
+        // Knowing whether the chat is ending: a task no pause waits on would be cancelled
+        // by the conclusion at once, so it is not handed on then.
+        for i in theirs {
+            self.hand_on(i, now);
         }
         let was_speaker = self.asking.as_ref().is_some_and(|a| a.member == member);
         if was_speaker {
@@ -1573,7 +1578,11 @@ impl GroupChat {
             waiting_on: tasks.clone(),
             reason,
         });
-        self.wait = Some(Wait { tasks, resume_with });
+        self.wait = Some(Wait {
+            tasks,
+            resume_with,
+            reason,
+        });
     }
 
     /// A pause the machine takes by itself before `member` speaks.
@@ -1667,6 +1676,16 @@ impl GroupChat {
             return;
         }
         let failed = self.tasks[idx].clone();
+        // A pause for the speaker's own tasks ends when they end: it does not wait for
+        // another member's retry. Other pauses (a sync assignment, a trigger, the wait
+        // before concluding) wait for the retry as they waited for the task.
+        let waited = self
+            .wait
+            .as_ref()
+            .is_some_and(|w| w.reason != PauseReason::SpeakerBusy && w.tasks.contains(&failed.id));
+        if !waited && self.forced_reason().is_some() {
+            return;
+        }
         let busy = |id: &str| {
             self.tasks
                 .iter()
@@ -1725,8 +1744,12 @@ impl GroupChat {
         msg.task_desc = Some(task.desc.clone());
         msg.task_abstract = task.task_abstract.clone();
         self.publish(msg);
-        if let Some(w) = self.wait.as_mut() {
-            if let Some(slot) = w.tasks.iter_mut().find(|t| **t == failed.id) {
+        if waited {
+            if let Some(slot) = self
+                .wait
+                .as_mut()
+                .and_then(|w| w.tasks.iter_mut().find(|t| **t == failed.id))
+            {
                 *slot = task.id.clone();
             }
         }
@@ -3324,6 +3347,32 @@ mod tests {
             report(&mut chat, "b", "t1", false, "no hotel list here");
             assert_eq!(chat.tasks().len(), 1);
         }
+    }
+
+    /// The next member after the failed assignee that has no running task takes it, past
+    /// a busy one; a speaker-busy pause does not wait for the retry of the speaker's own
+    /// failed task.
+    #[test]
+    fn a_failed_task_goes_to_the_next_free_member() {
+        let (mut chat, _) = launch(&["a", "b", "c", "d"], 10);
+        say(
+            &mut chat,
+            "a",
+            assign(
+                AssignAsync,
+                "b hotels, c trains.",
+                &[("b", "hotels"), ("c", "trains")],
+                &["b"],
+            ),
+            T0,
+        );
+        // b is next but busy: the machine pauses for b's task.
+        assert_eq!(chat.state(), ChatState::PauseAndTrigger);
+        let fx = report(&mut chat, "b", "t1", false, "no hotel list here");
+        let t3 = chat.task("t3").unwrap();
+        assert_eq!((t3.assignee.as_str(), t3.desc.as_str()), ("d", "hotels"));
+        // b's own task ended: b speaks now, without waiting for d's retry.
+        assert_eq!(asked(&fx), strs(&["b"]));
     }
 
     /// With the host the only other live member, the host takes the failed task.

@@ -627,7 +627,9 @@ impl Agent {
     /// (its own and its executor's) to stop, and aborts what is left; returns how many
     /// tasks had to be aborted.
     pub async fn close(&self, limit: std::time::Duration) -> usize {
-        self.0.background.close(limit).await + self.0.executor.close(limit).await
+        let (own, executor) =
+            tokio::join!(self.0.background.close(limit), self.0.executor.close(limit));
+        own + executor
     }
 
     /// Background tasks the agent holds (running, or ended and not yet reaped).
