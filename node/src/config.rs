@@ -106,6 +106,12 @@ pub fn check_cors_origin(origin: &str) -> Result<String, String> {
     })
 }
 
+/// [`check_cors_origin`] over a list: the origins as they are compared, or the first
+/// refusal.
+pub fn check_cors_origins(origins: &[String]) -> Result<Vec<String>, String> {
+    origins.iter().map(|o| check_cors_origin(o)).collect()
+}
+
 /// Why a config could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

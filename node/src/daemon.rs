@@ -223,15 +223,8 @@ impl Node {
             api_keys: config.api.keys.clone(),
             // Checked when a config file is read; checked here again for a caller that
             // built the config itself.
-            cors_origins: config
-                .api
-                .cors_origins
-                .iter()
-                .map(|o| {
-                    crate::config::check_cors_origin(o)
-                        .map_err(|e| anyhow::anyhow!("api.cors_origins: {e}"))
-                })
-                .collect::<anyhow::Result<_>>()?,
+            cors_origins: crate::config::check_cors_origins(&config.api.cors_origins)
+                .map_err(|e| anyhow::anyhow!("api.cors_origins: {e}"))?,
             ..ApiConfig::default()
         };
         // What the config says about the chat model: loaded here, and what a model

@@ -184,6 +184,7 @@ fn rerank_ranks(
         for (r, &i) in by_s.iter().enumerate() {
             s_rank[i] = r;
         }
+        // `found` is in lexical order, so a unit's index is its lexical rank.
         let rrf: Vec<f32> = (0..found.len())
             .map(|i| 1.0 / (60.0 + i as f32) + 1.0 / (60.0 + s_rank[i] as f32))
             .collect();
@@ -203,31 +204,9 @@ fn upr_ranks(
     part: &Part,
     (k, raw): (usize, bool),
 ) -> anyhow::Result<(Option<usize>, Option<usize>)> {
-    let (mut alone, mut fused): (Option<usize>, Option<usize>) = (None, None);
-    for sub in subs {
-        let found = grounded::locate(sub, units, k);
-        if !found.iter().any(|l| part.quoted_in(&l.unit.text)) {
-            continue;
-        }
-        let ql: Vec<f32> = found
-            .iter()
-            .map(|l| query_likelihood(engine, &l.unit, &sub.text, raw))
-            .collect::<anyhow::Result<_>>()?;
-        let mut by_ql: Vec<usize> = (0..found.len()).collect();
-        by_ql.sort_by(|&a, &b| ql[b].total_cmp(&ql[a]));
-        let mut ql_rank = vec![0; found.len()];
-        for (r, &i) in by_ql.iter().enumerate() {
-            ql_rank[i] = r;
-        }
-        // `found` is in lexical order, so a unit's index is its lexical rank.
-        let rrf: Vec<f32> = (0..found.len())
-            .map(|i| 1.0 / (60.0 + i as f32) + 1.0 / (60.0 + ql_rank[i] as f32))
-            .collect();
-        let shown: Vec<Unit> = found.into_iter().map(|l| l.unit).collect();
-        alone = alone.into_iter().chain(rank_by(&shown, part, &ql)).min();
-        fused = fused.into_iter().chain(rank_by(&shown, part, &rrf)).min();
-    }
-    Ok((alone, fused))
+    rerank_ranks(subs, units, part, k, |u, sub| {
+        query_likelihood(engine, u, &sub.text, raw)
+    })
 }
 
 fn main() -> anyhow::Result<()> {

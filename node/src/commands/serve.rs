@@ -45,14 +45,8 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
         max_inflight: args.max_inflight.max(1),
         loopback_hosts_only: args.api.ip().is_loopback(),
         api_keys: args.key.api_key.iter().cloned().collect(),
-        cors_origins: args
-            .cors_origins
-            .iter()
-            .map(|o| {
-                crate::config::check_cors_origin(o)
-                    .map_err(|e| anyhow::anyhow!("--cors-origin {e}"))
-            })
-            .collect::<anyhow::Result<_>>()?,
+        cors_origins: crate::config::check_cors_origins(&args.cors_origins)
+            .map_err(|e| anyhow::anyhow!("--cors-origin {e}"))?,
         ..ApiConfig::default()
     };
     // Before the models load: a refusal should not wait for them.
