@@ -143,12 +143,20 @@ impl ChatMessage {
 /// stops a crafted loop after well under a second.
 pub const TEMPLATE_FUEL: u64 = 2_000_000;
 
+/// Most bytes one render may write. A prompt this long is far past any context window (it
+/// is refused after tokenising anyway); a crafted template that writes more (a loop over
+/// `"x" * 100000000`, minijinja's largest repeat) stops here instead of filling memory.
+pub const TEMPLATE_OUTPUT_BYTES: usize = 64 << 20;
+
 /// Errors from rendering or encoding a chat.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
     /// The template failed to compile or render (including its own `raise_exception`).
     #[error("chat template: {0}")]
     Template(#[from] minijinja::Error),
+    /// The template wrote more than [`TEMPLATE_OUTPUT_BYTES`].
+    #[error("chat template: the rendered prompt exceeds {0} bytes")]
+    TooLong(usize),
     /// A role that is not a plain identifier (roles are template markup, not content).
     #[error("invalid chat role {0:?}: roles are 1-32 ASCII letters, digits, '_' or '-'")]
     InvalidRole(String),
@@ -163,6 +171,25 @@ pub enum ChatError {
     /// Tokenising the prompt failed.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+}
+
+/// A render's output, refused past [`TEMPLATE_OUTPUT_BYTES`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > TEMPLATE_OUTPUT_BYTES {
+            // Marks the refusal for `render_raw`, which reads the length.
+            self.0.resize(TEMPLATE_OUTPUT_BYTES, 0);
+            return Err(std::io::Error::other("the rendered prompt is too long"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Where a [`ChatTemplate`]'s source came from.
@@ -316,17 +343,20 @@ impl ChatTemplate {
             tool_format: None,
         };
         // A probe conversation at load time: a template that cannot render a short chat
-        // within its fuel fails here, with the model, not at the first request. (Other
+        // within its fuel and output bound fails here, with the model, not at the first
+        // request. (Other
         // errors, such as a template refusing a role order, are left to real requests.)
         let probe = [
             ChatMessage::user("hello"),
             ChatMessage::new("assistant", "hi"),
             ChatMessage::user("and now?"),
         ];
-        if let Err(ChatError::Template(e)) = template.render_raw(&probe, None, true) {
-            if e.kind() == ErrorKind::OutOfFuel {
+        match template.render_raw(&probe, None, true) {
+            Err(ChatError::Template(e)) if e.kind() == ErrorKind::OutOfFuel => {
                 return Err(ChatError::Template(e));
             }
+            Err(e @ ChatError::TooLong(_)) => return Err(e),
+            _ => {}
         }
         template.tool_format = template.probe_tool_format();
         if let Some(format) = template.tool_format {
@@ -422,13 +452,31 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
         let tmpl = self.env.get_template("chat")?;
-        Ok(tmpl.render(context! {
-            messages => messages,
-            tools => tools,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-        })?)
+        let mut out = Capped(Vec::new());
+        let rendered = tmpl.render_captured_to(
+            context! {
+                messages => messages,
+                tools => tools,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos_token,
+                eos_token => &self.eos_token,
+            },
+            &mut out,
+        );
+        match rendered {
+            Ok(_) => {}
+            Err(_) if out.0.len() >= TEMPLATE_OUTPUT_BYTES => {
+                return Err(ChatError::TooLong(TEMPLATE_OUTPUT_BYTES))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        // The template's text and the messages' are UTF-8, and so is what it makes of them.
+        String::from_utf8(out.0).map_err(|e| {
+            ChatError::Template(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("the rendered prompt is not UTF-8: {e}"),
+            ))
+        })
     }
 
     /// Renders and tokenises the conversation. Control tokens come only from the template's
@@ -624,6 +672,13 @@ mod tests {
             panic!("a template that never ends was accepted");
         };
         assert!(err.to_string().contains("fuel"), "{err}");
+        // Within its fuel, a template that writes gigabytes is refused at the output bound
+        // (at load: the probe conversation renders it), not left to fill memory.
+        let huge = "{% for i in range(100) %}{{ 'x' * 50000000 }}{% endfor %}";
+        let Err(err) = ChatTemplate::with_template(tok.clone(), huge) else {
+            panic!("a template writing 5 GB was accepted");
+        };
+        assert!(matches!(err, ChatError::TooLong(_)), "{err}");
         // A real template over a long conversation stays well within the fuel.
         let t = chatml();
         let long: Vec<ChatMessage> = (0..2000)
