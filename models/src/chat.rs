@@ -173,17 +173,20 @@ pub enum ChatError {
     Tokenizer(#[from] TokenizerError),
 }
 
-/// A render's output, refused past [`TEMPLATE_OUTPUT_BYTES`].
-struct Capped(Vec<u8>);
+/// A render's output, refused past [`TEMPLATE_OUTPUT_BYTES`] (`over` says it was).
+#[derive(Default)]
+struct Capped {
+    out: Vec<u8>,
+    over: bool,
+}
 
 impl std::io::Write for Capped {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.0.len() + buf.len() > TEMPLATE_OUTPUT_BYTES {
-            // Marks the refusal for `render_raw`, which reads the length.
-            self.0.resize(TEMPLATE_OUTPUT_BYTES, 0);
+        if self.out.len() + buf.len() > TEMPLATE_OUTPUT_BYTES {
+            self.over = true;
             return Err(std::io::Error::other("the rendered prompt is too long"));
         }
-        self.0.extend_from_slice(buf);
+        self.out.extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -452,7 +455,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
         let tmpl = self.env.get_template("chat")?;
-        let mut out = Capped(Vec::new());
+        let mut out = Capped::default();
         let rendered = tmpl.render_captured_to(
             context! {
                 messages => messages,
@@ -465,13 +468,11 @@ impl ChatTemplate {
         );
         match rendered {
             Ok(_) => {}
-            Err(_) if out.0.len() >= TEMPLATE_OUTPUT_BYTES => {
-                return Err(ChatError::TooLong(TEMPLATE_OUTPUT_BYTES))
-            }
+            Err(_) if out.over => return Err(ChatError::TooLong(TEMPLATE_OUTPUT_BYTES)),
             Err(e) => return Err(e.into()),
         }
         // The template's text and the messages' are UTF-8, and so is what it makes of them.
-        String::from_utf8(out.0).map_err(|e| {
+        String::from_utf8(out.out).map_err(|e| {
             ChatError::Template(minijinja::Error::new(
                 ErrorKind::InvalidOperation,
                 format!("the rendered prompt is not UTF-8: {e}"),

@@ -1261,17 +1261,8 @@ impl GroupChat {
                     self.next_task += 1;
                     let mut msg = self.message(&from, msg_type, d.content.clone());
                     msg.next_speakers = named.clone();
-                    msg.task_id = Some(task.id.clone());
-                    msg.assignee = Some(task.assignee.clone());
-                    msg.task_desc = Some(task.desc.clone());
-                    msg.task_abstract = task.task_abstract.clone();
-                    self.publish(msg);
                     created.push(task.id.clone());
-                    self.effects.push_back(Effect::RunTask {
-                        task: task.clone(),
-                        sub_team_depth: self.sub_team_depth(),
-                    });
-                    self.tasks.push(task);
+                    self.start_task(task, msg);
                 }
                 if mode == TaskMode::Sync {
                     self.pause(created, None, PauseReason::SyncAssignment);
@@ -1656,12 +1647,20 @@ impl GroupChat {
             (format!("task {} failed: {result}", task.id), None)
         };
         let mut msg = self.message(&task.assignee, MessageType::TaskReport, content);
-        msg.task_id = Some(task.id);
-        msg.assignee = Some(task.assignee);
-        msg.task_desc = Some(task.desc);
-        msg.task_abstract = task.task_abstract;
+        describe_task(&mut msg, &task);
         msg.task_conclusion = conclusion;
         self.publish(msg);
+    }
+
+    /// Announces `task` with `msg` (its task fields filled in), has it run, and keeps it.
+    fn start_task(&mut self, task: Task, mut msg: Message) {
+        describe_task(&mut msg, &task);
+        self.publish(msg);
+        self.effects.push_back(Effect::RunTask {
+            task: task.clone(),
+            sub_team_depth: self.sub_team_depth(),
+        });
+        self.tasks.push(task);
     }
 
     /// Hands the failed task `idx` to another live member (see
@@ -1734,16 +1733,11 @@ impl GroupChat {
             TaskMode::Async => MessageType::AssignAsync,
         };
         let initiator = self.initiator.clone();
-        let mut msg = self.message(
+        let msg = self.message(
             &initiator,
             msg_type,
             format!("task {} failed; handed on as {}", failed.id, task.id),
         );
-        msg.task_id = Some(task.id.clone());
-        msg.assignee = Some(task.assignee.clone());
-        msg.task_desc = Some(task.desc.clone());
-        msg.task_abstract = task.task_abstract.clone();
-        self.publish(msg);
         if waited {
             if let Some(slot) = self
                 .wait
@@ -1753,11 +1747,7 @@ impl GroupChat {
                 *slot = task.id.clone();
             }
         }
-        self.effects.push_back(Effect::RunTask {
-            task: task.clone(),
-            sub_team_depth: self.sub_team_depth(),
-        });
-        self.tasks.push(task);
+        self.start_task(task, msg);
     }
 
     // ---- helpers ----
@@ -2005,6 +1995,14 @@ fn jaccard(a: &HashSet<String>, b: &HashSet<String>) -> f64 {
         return 0.0;
     }
     a.intersection(b).count() as f64 / union as f64
+}
+
+/// Fills in the task fields of a message about `task` (its assignment or its report).
+fn describe_task(msg: &mut Message, task: &Task) {
+    msg.task_id = Some(task.id.clone());
+    msg.assignee = Some(task.assignee.clone());
+    msg.task_desc = Some(task.desc.clone());
+    msg.task_abstract = task.task_abstract.clone();
 }
 
 #[cfg(test)]
