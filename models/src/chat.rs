@@ -12,12 +12,15 @@
 //! Text between control tokens is still tokenised in one piece, so a prompt whose messages
 //! hold no control-token text gets exactly the tokens of tokenising the rendered string.
 
-use std::sync::Arc;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use minijinja::{context, Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::budget;
 use crate::tokenizer::{GgufTokenizer, Segment, TokenizerError};
 
 mod tojson;
@@ -148,6 +151,31 @@ pub const TEMPLATE_FUEL: u64 = 2_000_000;
 /// `"x" * 100000000`, minijinja's largest repeat) stops here instead of filling memory.
 pub const TEMPLATE_OUTPUT_BYTES: usize = 64 << 20;
 
+/// Most memory one render may hold at once (strings it builds without writing them, such as
+/// a value doubled with `~` in a loop, which fuel does not bound): four times the output
+/// bound, room for the output, the conversation and the template's own copies. A render runs
+/// on a thread of its own under this limit ([`budget::run_bounded`]); past it the template is
+/// refused for good, with [`ChatError::Memory`].
+pub const TEMPLATE_MEMORY_BYTES: usize = 4 * TEMPLATE_OUTPUT_BYTES;
+
+/// Hashes of template sources that went past [`TEMPLATE_MEMORY_BYTES`] in this process:
+/// loading one again is refused at once, so a hostile template stops one thread, not one
+/// per load.
+static REFUSED_SOURCES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+fn source_hash(src: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    src.hash(&mut h);
+    h.finish()
+}
+
+fn refused_before(hash: u64) -> bool {
+    REFUSED_SOURCES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&hash)
+}
+
 /// Errors from rendering or encoding a chat.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
@@ -157,6 +185,13 @@ pub enum ChatError {
     /// The template wrote more than [`TEMPLATE_OUTPUT_BYTES`].
     #[error("chat template: the rendered prompt exceeds {0} bytes")]
     TooLong(usize),
+    /// Rendering needed more than [`TEMPLATE_MEMORY_BYTES`] at once; the template is
+    /// refused from then on.
+    #[error(
+        "chat template: rendering needs more than {0} bytes of memory; the model's template \
+         is refused (give the model another one)"
+    )]
+    Memory(usize),
     /// A role that is not a plain identifier (roles are template markup, not content).
     #[error("invalid chat role {0:?}: roles are 1-32 ASCII letters, digits, '_' or '-'")]
     InvalidRole(String),
@@ -245,7 +280,12 @@ const CLOSE: char = '\u{E001}';
 /// A compiled chat template bound to a tokenizer.
 #[derive(Debug)]
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    /// Shared with the thread each render runs on ([`budget::run_bounded`]).
+    env: Arc<Environment<'static>>,
+    /// The template went past its memory bound: its environment may be mid-update on a
+    /// stopped thread, so it is never used again.
+    refused: AtomicBool,
+    source_hash: u64,
     tokenizer: Arc<GgufTokenizer>,
     bos_token: String,
     eos_token: String,
@@ -297,6 +337,10 @@ impl ChatTemplate {
         src: String,
         source: TemplateSource,
     ) -> Result<Self, ChatError> {
+        let source_hash = source_hash(&src);
+        if refused_before(source_hash) {
+            return Err(ChatError::Memory(TEMPLATE_MEMORY_BYTES));
+        }
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -340,15 +384,17 @@ impl ChatTemplate {
         let mut template = Self {
             bos_token: text_of(tokenizer.bos_id()),
             eos_token: text_of(tokenizer.eos_id()),
-            env,
+            env: Arc::new(env),
+            refused: AtomicBool::new(false),
+            source_hash,
             tokenizer,
             source,
             tool_format: None,
         };
         // A probe conversation at load time: a template that cannot render a short chat
-        // within its fuel and output bound fails here, with the model, not at the first
-        // request. (Other
-        // errors, such as a template refusing a role order, are left to real requests.)
+        // within its fuel, output and memory bounds fails here, with the model, not at the
+        // first request. (Other errors, such as a template refusing a role order, are left
+        // to real requests.)
         let probe = [
             ChatMessage::user("hello"),
             ChatMessage::new("assistant", "hi"),
@@ -358,7 +404,7 @@ impl ChatTemplate {
             Err(ChatError::Template(e)) if e.kind() == ErrorKind::OutOfFuel => {
                 return Err(ChatError::Template(e));
             }
-            Err(e @ ChatError::TooLong(_)) => return Err(e),
+            Err(e @ (ChatError::TooLong(_) | ChatError::Memory(_))) => return Err(e),
             _ => {}
         }
         template.tool_format = template.probe_tool_format();
@@ -448,36 +494,46 @@ impl ChatTemplate {
         self.render_raw(messages, tools, add_generation_prompt)
     }
 
+    /// Renders on a thread of its own under [`TEMPLATE_MEMORY_BYTES`]; a template that
+    /// goes past it is refused from then on (here and at later loads of the same source).
     fn render_raw(
         &self,
         messages: &[ChatMessage],
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        let tmpl = self.env.get_template("chat")?;
-        let mut out = Capped::default();
-        let rendered = tmpl.render_captured_to(
-            context! {
+        if self.refused.load(Ordering::Relaxed) {
+            return Err(ChatError::Memory(TEMPLATE_MEMORY_BYTES));
+        }
+        let env = self.env.clone();
+        let messages = messages.to_vec();
+        let tools = tools.cloned();
+        let (bos_token, eos_token) = (self.bos_token.clone(), self.eos_token.clone());
+        let rendered = budget::run_bounded(TEMPLATE_MEMORY_BYTES, move || {
+            let context = context! {
                 messages => messages,
                 tools => tools,
                 add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-            },
-            &mut out,
-        );
+                bos_token => bos_token,
+                eos_token => eos_token,
+            };
+            render_capped(&env, context)
+        });
         match rendered {
-            Ok(_) => {}
-            Err(_) if out.over => return Err(ChatError::TooLong(TEMPLATE_OUTPUT_BYTES)),
-            Err(e) => return Err(e.into()),
+            Ok(text) => text,
+            Err(budget::Exceeded { limit }) => {
+                self.refused.store(true, Ordering::Relaxed);
+                REFUSED_SOURCES
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(self.source_hash);
+                tracing::warn!(
+                    limit,
+                    "the chat template needed more memory than its bound; it is refused"
+                );
+                Err(ChatError::Memory(limit))
+            }
         }
-        // The template's text and the messages' are UTF-8, and so is what it makes of them.
-        String::from_utf8(out.out).map_err(|e| {
-            ChatError::Template(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                format!("the rendered prompt is not UTF-8: {e}"),
-            ))
-        })
     }
 
     /// Renders and tokenises the conversation. Control tokens come only from the template's
@@ -654,6 +710,28 @@ fn pick_nonce(messages: &[ChatMessage]) -> Result<String, ChatError> {
     ))
 }
 
+/// Renders the chat template into a [`Capped`] buffer: past [`TEMPLATE_OUTPUT_BYTES`] the
+/// render stops with [`ChatError::TooLong`].
+fn render_capped(
+    env: &Environment<'static>,
+    context: minijinja::Value,
+) -> Result<String, ChatError> {
+    let tmpl = env.get_template("chat")?;
+    let mut out = Capped::default();
+    match tmpl.render_captured_to(context, &mut out) {
+        Ok(_) => {}
+        Err(_) if out.over => return Err(ChatError::TooLong(TEMPLATE_OUTPUT_BYTES)),
+        Err(e) => return Err(e.into()),
+    }
+    // The template's text and the messages' are UTF-8, and so is what it makes of them.
+    String::from_utf8(out.out).map_err(|e| {
+        ChatError::Template(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("the rendered prompt is not UTF-8: {e}"),
+        ))
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -686,6 +764,46 @@ mod tests {
             .map(|i| ChatMessage::user(format!("message {i}")))
             .collect();
         assert!(t.render(&long, true).is_ok());
+    }
+
+    #[test]
+    fn a_template_that_builds_a_huge_value_is_an_error_and_refused_from_then_on() {
+        let tok = Arc::new(tiny_gpt2("smollm"));
+        // Doubling a string forty times writes nothing and spends little fuel, but needs a
+        // terabyte: at load (the probe renders it) it is a clear error, not an abort.
+        let doubling = "{% set ns = namespace(s='x') %}{% for i in range(40) %}\
+                        {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}";
+        let Err(err) = ChatTemplate::with_template(tok.clone(), doubling) else {
+            panic!("a template needing a terabyte was accepted");
+        };
+        assert!(
+            matches!(err, ChatError::Memory(TEMPLATE_MEMORY_BYTES)),
+            "{err}"
+        );
+        assert!(err.to_string().contains("memory"), "{err}");
+        // Loading the same source again is refused without rendering it.
+        assert!(matches!(
+            ChatTemplate::with_template(tok.clone(), doubling),
+            Err(ChatError::Memory(_))
+        ));
+        // A template that passes the load-time probe (three messages) and doubles a list
+        // only for longer conversations: the request is the error, and every later one.
+        let later = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+                     {% endfor %}{% if messages | length > 4 %}{% set ns = namespace(l=[1]) %}\
+                     {% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}\
+                     {{ ns.l | length }}{% endif %}";
+        let t = ChatTemplate::with_template(tok.clone(), later).unwrap();
+        let short = [ChatMessage::user("hi")];
+        assert!(t.render(&short, true).is_ok());
+        let long: Vec<ChatMessage> = (0..6).map(|i| ChatMessage::user(format!("m{i}"))).collect();
+        assert!(matches!(t.render(&long, true), Err(ChatError::Memory(_))));
+        assert!(matches!(t.render(&short, true), Err(ChatError::Memory(_))));
+        assert!(matches!(
+            t.encode_chat(&short, true),
+            Err(ChatError::Memory(_))
+        ));
+        // Other templates are unaffected.
+        assert!(chatml().render(&long, true).is_ok());
     }
 
     #[test]

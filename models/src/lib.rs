@@ -6,6 +6,7 @@
 
 pub mod arch;
 pub mod bench;
+pub mod budget;
 pub mod chat;
 pub mod constraint;
 pub mod embed;
@@ -20,3 +21,9 @@ pub mod testing;
 pub mod tokenizer;
 
 pub use error::{ModelError, Result};
+
+// The crate's own tests run with the allocator the `starling` binary installs, so the
+// chat template's memory bound is tested as it runs.
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: budget::Budgeted = budget::Budgeted;

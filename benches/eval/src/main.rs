@@ -6,6 +6,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// As in `starling`: a chat template's memory bound needs this allocator.
+#[global_allocator]
+static ALLOC: starling_models::budget::Budgeted = starling_models::budget::Budgeted;
+
 /// Starling's evaluations: swarm-QA, team formation, memory retrieval, admission, format.
 #[derive(Debug, Parser)]
 #[command(name = "starling eval", version, about, long_about = None)]

@@ -1,0 +1,281 @@
+//! A memory bound for untrusted work that cannot be given one any other way.
+//!
+//! A chat template comes with the model file, and minijinja bounds its instructions (fuel)
+//! but not its memory: `{% set ns.s = ns.s ~ ns.s %}` forty times in a loop needs a
+//! terabyte after a few hundred instructions, and an allocation that fails aborts the
+//! process. Rust gives no way to fail an allocation softly, so the bound works one level
+//! below: [`Budgeted`], the binary's global allocator, counts what a thread running under
+//! [`run_bounded`] allocates, and an allocation past the thread's limit never reaches the
+//! system allocator. That thread stops for good instead (it parks forever, holding at most
+//! its limit) and the caller gets [`Exceeded`]: the node keeps running and the request gets
+//! a clear error. The caller must never again use what that thread was working on (it may
+//! have stopped half-way through an update); `chat::ChatTemplate` refuses the template from
+//! then on, so a hostile template costs one stopped thread.
+//!
+//! Threads not under [`run_bounded`] pay one thread-local read per allocation. Where the
+//! binary does not install [`Budgeted`] (library tests of other crates), [`run_bounded`]
+//! still runs the work on its own thread, unbounded; [`installed`] says which.
+
+// A global allocator is an unsafe trait, and the stopped thread's notice reads a raw
+// pointer; each use says why it holds.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+/// The global allocator that makes [`run_bounded`] bound memory: the system allocator,
+/// with a count of live bytes on threads that run under a limit. Install it in a binary
+/// with `#[global_allocator] static ALLOC: Budgeted = Budgeted;`.
+pub struct Budgeted;
+
+/// Whether [`Budgeted`] is the global allocator (it sets this on its first allocation).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// `usize::MAX`: this thread is not counted.
+const UNBOUNDED: usize = usize::MAX;
+
+thread_local! {
+    // Const-initialised cells with no destructor: the allocator may read them at any
+    // point of a thread's life, including its teardown, and reading them never allocates.
+    static LIMIT: Cell<usize> = const { Cell::new(UNBOUNDED) };
+    static USED: Cell<usize> = const { Cell::new(0) };
+    static WATCH: Cell<*const Watch> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Work under [`run_bounded`] went past its memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("needs more than {limit} bytes of memory")]
+pub struct Exceeded {
+    /// The limit, in bytes.
+    pub limit: usize,
+}
+
+/// How a bounded thread ended, for the caller waiting on it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    Running,
+    Finished,
+    Exceeded,
+}
+
+struct Watch {
+    end: Mutex<End>,
+    changed: Condvar,
+}
+
+impl Watch {
+    fn set(&self, end: End) {
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = end;
+        self.changed.notify_all();
+    }
+}
+
+/// Whether [`Budgeted`] is the global allocator, so that [`run_bounded`] bounds memory.
+pub fn installed() -> bool {
+    if !INSTALLED.load(Ordering::Relaxed) {
+        // One allocation settles it: Budgeted marks itself on its first.
+        drop(std::hint::black_box(Box::new(0u8)));
+    }
+    INSTALLED.load(Ordering::Relaxed)
+}
+
+/// Counts `size` more bytes on this thread; false when that would pass its limit.
+fn charge(size: usize) -> bool {
+    let limit = LIMIT.get();
+    if limit == UNBOUNDED {
+        return true;
+    }
+    let used = USED.get().saturating_add(size);
+    // A panicking thread is on its way out through `run_bounded`'s catch; what the panic
+    // hook allocates (a backtrace) is let through, as stopping there would stop the thread
+    // holding the hook's locks (stderr, a test's output capture).
+    if used > limit && !std::thread::panicking() {
+        return false;
+    }
+    USED.set(used);
+    true
+}
+
+fn credit(size: usize) {
+    if LIMIT.get() != UNBOUNDED {
+        USED.set(USED.get().saturating_sub(size));
+    }
+}
+
+/// This thread went past its limit: tell the caller, then stop for good (never return to
+/// the work, never unwind through it: an allocator may not unwind).
+fn stall() -> ! {
+    // Whatever the rest of this function allocates (the thread handle `park` makes on
+    // first use) is not counted.
+    LIMIT.set(UNBOUNDED);
+    let watch = WATCH.get();
+    if !watch.is_null() {
+        // SAFETY: `run_bounded`'s thread keeps the `Arc<Watch>` this points into alive
+        // for as long as it runs, and this thread never returns from here.
+        unsafe { &*watch }.set(End::Exceeded);
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+// SAFETY: every method hands the request to `System` unchanged (or never returns); the
+// count is bookkeeping on thread-local cells that never allocate.
+unsafe impl GlobalAlloc for Budgeted {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !INSTALLED.load(Ordering::Relaxed) {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
+        if !charge(layout.size()) {
+            stall();
+        }
+        // SAFETY: the caller's contract for `alloc`, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !charge(layout.size()) {
+            stall();
+        }
+        // SAFETY: as `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        credit(layout.size());
+        // SAFETY: `ptr` came from `System` through this allocator with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > layout.size() {
+            if !charge(new_size - layout.size()) {
+                stall();
+            }
+        } else {
+            credit(layout.size() - new_size);
+        }
+        // SAFETY: as `dealloc`, and the caller's contract for `realloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Stack of a bounded thread: as much as a main thread has, for deep template recursion.
+const STACK_BYTES: usize = 8 << 20;
+
+/// Runs `work` on a thread of its own whose live allocations may total at most `limit`
+/// bytes, and waits for it. Past the limit the thread stops where it is and this returns
+/// [`Exceeded`]; a panic in `work` is re-raised here. When [`Budgeted`] is not the global
+/// allocator the work runs the same way without the bound. Memory the work frees that was
+/// allocated before it started counts in its favour, so the limit is approximate by the
+/// size of what `work` owns on entry.
+pub fn run_bounded<T: Send + 'static>(
+    limit: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Exceeded> {
+    let watch = Arc::new(Watch {
+        end: Mutex::new(End::Running),
+        changed: Condvar::new(),
+    });
+    let slot = Arc::new(Mutex::new(None));
+    let (their_watch, their_slot) = (watch.clone(), slot.clone());
+    let body = move || {
+        WATCH.set(Arc::as_ptr(&their_watch));
+        USED.set(0);
+        LIMIT.set(limit);
+        let out = std::panic::catch_unwind(AssertUnwindSafe(work));
+        LIMIT.set(UNBOUNDED);
+        WATCH.set(std::ptr::null());
+        *their_slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(out);
+        their_watch.set(End::Finished);
+    };
+    let thread = match std::thread::Builder::new()
+        .name("bounded".into())
+        .stack_size(STACK_BYTES)
+        .spawn(body)
+    {
+        Ok(thread) => thread,
+        // No thread to be had (a process at its thread limit): the work cannot run bounded,
+        // and running it unbounded here is what the bound exists to avoid.
+        Err(e) => {
+            tracing::warn!(error = %e, "no thread for bounded work");
+            return Err(Exceeded { limit });
+        }
+    };
+    let mut end = watch.end.lock().unwrap_or_else(PoisonError::into_inner);
+    while *end == End::Running {
+        end = watch
+            .changed
+            .wait(end)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+    let ended = *end;
+    drop(end);
+    if ended == End::Exceeded {
+        // The thread is parked for good; dropping its handle detaches it.
+        return Err(Exceeded { limit });
+    }
+    let _ = thread.join();
+    let out = slot
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .expect("a finished bounded thread leaves its result");
+    match out {
+        Ok(value) => Ok(value),
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    // The crate's test binary installs `Budgeted` (lib.rs), so these run with the bound.
+
+    #[test]
+    fn work_within_its_limit_returns_its_value() {
+        assert!(installed());
+        let got = run_bounded(1 << 20, || vec![7u8; 100_000].len()).unwrap();
+        assert_eq!(got, 100_000);
+        // Memory freed along the way does not count: many small rounds fit a small limit.
+        let got = run_bounded(1 << 20, || {
+            (0..1000)
+                .map(|i| vec![i as u8; 10_000].len())
+                .sum::<usize>()
+        })
+        .unwrap();
+        assert_eq!(got, 10_000_000);
+    }
+
+    #[test]
+    fn work_past_its_limit_is_stopped_and_the_process_goes_on() {
+        // Doubling a string: a terabyte within a few dozen steps, were it allowed.
+        let err = run_bounded(64 << 20, || {
+            let mut s = String::from("x");
+            for _ in 0..40 {
+                s = s.clone() + &s;
+            }
+            s.len()
+        })
+        .unwrap_err();
+        assert_eq!(err, Exceeded { limit: 64 << 20 });
+        // One allocation far past the limit never reaches the system allocator.
+        let err = run_bounded(64 << 20, || Vec::<u8>::with_capacity(1 << 40).capacity());
+        assert!(err.is_err());
+        // This thread is unbounded and unaffected, and later bounded work runs.
+        let big = vec![1u8; 128 << 20];
+        assert_eq!(big.len(), 128 << 20);
+        assert_eq!(run_bounded(1 << 20, || 2 + 2), Ok(4));
+    }
+
+    #[test]
+    #[should_panic(expected = "bounded work panicked")]
+    fn a_panic_in_the_work_reaches_the_caller() {
+        let _ = run_bounded(1 << 20, || -> usize { panic!("bounded work panicked") });
+    }
+}
