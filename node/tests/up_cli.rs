@@ -635,16 +635,20 @@ fn a_group_whose_host_is_killed_still_concludes() {
     );
     let submitted = submit(a.api, question, false);
     let group = submitted["group_id"].as_str().expect("group id").to_owned();
-    // The group answers from the moment its id is handed out.
+    // The group answers from the moment its id is handed out: forming, then the opening
+    // turn (a discussion turn), then the sync assignment of the two sub-questions.
     let g = get_json(a.api, &format!("/api/groups/{group}"))
         .expect("the group of a task just submitted");
     assert!(
-        ["forming", "sync_task_assignment"]
+        ["forming", "discussion", "sync_task_assignment"]
             .contains(&g["group"]["state"].as_str().unwrap_or_default()),
         "{g}"
     );
-    // cal's part has started (its person is being asked): the host dies now.
+    // cal's part has started (its person is being asked): the host dies now. The stored
+    // group says where the chat stands (it is rewritten as the machine moves on).
     wait_for_person(c.api);
+    let g = get_json(a.api, &format!("/api/groups/{group}")).expect("the group");
+    assert_eq!(g["group"]["state"], "sync_task_assignment", "{g}");
     kill(&mut a);
     let killed = Instant::now();
     // Both survivors see the group concluded with both facts.

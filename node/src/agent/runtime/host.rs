@@ -59,6 +59,9 @@ impl Agent {
         let goal = params.goal.clone();
         let member_names: Vec<String> = params.members.iter().map(|m| m.name.clone()).collect();
         self.persist_group(&chat, parent.clone()).await;
+        // What the stored record says of the chat (its state, turn and members), rewritten
+        // whenever the machine moves on, so `GET /api/groups/{id}` shows where it stands.
+        let mut stored = (chat.state(), chat.turn(), chat.members().len());
         self.emit(AgentEvent::GroupLaunched {
             group_id: group_id.clone(),
             parent: parent.clone(),
@@ -227,6 +230,11 @@ impl Agent {
                         conclusion = Some(c);
                     }
                 }
+            }
+            let now_at = (chat.state(), chat.turn(), chat.members().len());
+            if conclusion.is_none() && now_at != stored {
+                stored = now_at;
+                self.persist_group(&chat, parent.clone()).await;
             }
             if let Some(c) = conclusion.take() {
                 let full = match &inquiry {
