@@ -13,9 +13,10 @@
 //! Q8 pairs are 64 bytes, Q4 pairs 32 bytes whose low nibbles are the first block and high
 //! nibbles the second. Rows are padded to a whole number of pairs with zero blocks.
 //!
-//! Four implementations: AVX-512 VNNI, AVX2 (+FMA, F16C), aarch64 NEON and portable scalar
-//! code, chosen at run time (NEON at compile time: every aarch64 CPU has it); the scalar one
-//! is always compiled and the tests check the others against it.
+//! Five implementations: AVX-512 VNNI, AVX2 (+FMA, F16C), AVX (+FMA, F16C, without AVX2:
+//! 128-bit integer products), aarch64 NEON and portable scalar code, chosen at run time
+//! (NEON at compile time: every aarch64 CPU has it); the scalar one is always compiled and
+//! the tests check the others against it.
 // Kernels index several arrays in lock-step with the same counters; iterator
 // chains would hide the tile layout the comments describe.
 #![allow(clippy::needless_range_loop)]
@@ -63,14 +64,18 @@ pub enum Isa {
     Avx512Vnni,
     /// AVX2 with FMA and F16C.
     Avx2,
+    /// AVX with FMA and F16C but not AVX2 (AMD Piledriver to Excavator, some
+    /// virtual machines): AVX has no 256-bit integer instructions, so the products are
+    /// SSSE3's 128-bit `pmaddubsw`, accumulated with 128-bit FMA.
+    Avx,
     /// aarch64 Advanced SIMD (NEON), which every aarch64 CPU has.
     Neon,
     /// Portable code.
     Scalar,
 }
 
-/// Environment variable that caps the instruction set the kernels use: `scalar`, `avx2`,
-/// `avx512` or `neon` (for measuring one tier on a CPU that has a better one, or for working
+/// Environment variable that caps the instruction set the kernels use: `scalar`, `avx`,
+/// `avx2`, `avx512` or `neon` (for measuring one tier on a CPU that has a better one, or for working
 /// around a CPU that misreports a feature). A tier the CPU lacks, or an unknown name, is
 /// ignored with a warning.
 pub const ISA_ENV: &str = "STARLING_ISA";
@@ -102,7 +107,7 @@ impl Isa {
             None => (
                 best,
                 Some(format!(
-                    "{ISA_ENV}={wanted} is not one of scalar, avx2, avx512, neon; using {best:?}"
+                    "{ISA_ENV}={wanted} is not one of scalar, avx, avx2, avx512, neon; using {best:?}"
                 )),
             ),
         }
@@ -112,6 +117,7 @@ impl Isa {
     pub fn from_name(name: &str) -> Option<Self> {
         match name.to_ascii_lowercase().as_str() {
             "scalar" => Some(Self::Scalar),
+            "avx" => Some(Self::Avx),
             "avx2" => Some(Self::Avx2),
             "avx512" | "avx512vnni" | "avx512_vnni" => Some(Self::Avx512Vnni),
             "neon" => Some(Self::Neon),
@@ -137,6 +143,12 @@ impl Isa {
             }
             if avx2 {
                 v.push(Self::Avx2);
+            }
+            if is_x86_feature_detected!("avx")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                v.push(Self::Avx);
             }
         }
         if cfg!(target_arch = "aarch64") {
@@ -230,6 +242,17 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                     Format::Q8_0 => x86::tile_avx2::<Q8, R, C>(w, a, out),
                     Format::Q4_0 => x86::tile_avx2::<Q40, R, C>(w, a, out),
                     Format::Q4_1 => x86::tile_avx2::<Q41, R, C>(w, a, out),
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx => {
+            // SAFETY: as above, for the AVX/FMA/F16C features.
+            unsafe {
+                match w.fmt {
+                    Format::Q8_0 => x86::tile_avx::<Q8, R, C>(w, a, out),
+                    Format::Q4_0 => x86::tile_avx::<Q40, R, C>(w, a, out),
+                    Format::Q4_1 => x86::tile_avx::<Q41, R, C>(w, a, out),
                 }
             }
         }
@@ -719,6 +742,189 @@ mod x86 {
             unsafe { _mm_storeu_ps(out[c].as_mut_ptr(), s) };
         }
     }
+
+    /// The 32 weight bytes of block `b` of a row as two 128-bit halves: unsigned nibbles
+    /// (Q4) or signed bytes (Q8, `u ^ 0x80`), as [`load_block`] gives them in one register.
+    #[inline(always)]
+    unsafe fn load_block_128<const F: u8>(row: *const u8, b: usize) -> (__m128i, __m128i) {
+        // SAFETY: the caller guarantees block `b` lies inside the row.
+        unsafe {
+            if F == Q8 {
+                let p = row.add(b * BLOCK);
+                let flip = _mm_set1_epi8(-128);
+                (
+                    _mm_xor_si128(_mm_loadu_si128(p as *const _), flip),
+                    _mm_xor_si128(_mm_loadu_si128(p.add(16) as *const _), flip),
+                )
+            } else {
+                let p = row.add((b / 2) * BLOCK);
+                let (lo, hi) = (
+                    _mm_loadu_si128(p as *const _),
+                    _mm_loadu_si128(p.add(16) as *const _),
+                );
+                let (lo, hi) = if b.is_multiple_of(2) {
+                    (lo, hi)
+                } else {
+                    (_mm_srli_epi16::<4>(lo), _mm_srli_epi16::<4>(hi))
+                };
+                let mask = _mm_set1_epi8(0x0F);
+                (_mm_and_si128(lo, mask), _mm_and_si128(hi, mask))
+            }
+        }
+    }
+
+    /// One block's weight-by-activation products folded to four 32-bit partial sums (they
+    /// add up to the block's dot product). Q8 uses the sign trick of [`tile_avx2`], so
+    /// `pmaddubsw` (at most 2·128·127 per lane) cannot saturate.
+    #[inline(always)]
+    unsafe fn block_dot_128<const F: u8>(w: (__m128i, __m128i), a: (__m128i, __m128i)) -> __m128i {
+        let ones = _mm_set1_epi16(1);
+        let half = |w: __m128i, a: __m128i| {
+            let prod = if F == Q8 {
+                _mm_maddubs_epi16(_mm_abs_epi8(w), _mm_sign_epi8(a, w))
+            } else {
+                _mm_maddubs_epi16(w, a)
+            };
+            _mm_madd_epi16(prod, ones)
+        };
+        _mm_add_epi32(half(w.0, a.0), half(w.1, a.1))
+    }
+
+    /// The 32 activation bytes of block `b` of activation row `c`.
+    #[inline(always)]
+    unsafe fn load_act_128(aq: *const i8, at: usize) -> (__m128i, __m128i) {
+        // SAFETY: the caller guarantees the block lies inside the activations.
+        unsafe {
+            (
+                _mm_loadu_si128(aq.add(at) as *const _),
+                _mm_loadu_si128(aq.add(at + 16) as *const _),
+            )
+        }
+    }
+
+    /// AVX tile kernel (AVX, FMA and F16C without AVX2), one block at a time; see
+    /// [`super::tile`]. Tiles of four weight rows go to [`tile_avx_r4`]; others (the rows
+    /// left over at the end of a matrix) sum each block's dot product in a scalar.
+    ///
+    /// # Safety
+    /// As [`tile_avx2`], for the features enabled here.
+    #[target_feature(enable = "avx,fma,f16c")]
+    pub(super) unsafe fn tile_avx<const F: u8, const R: usize, const C: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        out: &mut [[f32; R]; C],
+    ) {
+        if R == 4 {
+            // SAFETY: same contract; R == 4 makes the cast an identity.
+            unsafe {
+                let out4 = &mut *(out as *mut [[f32; R]; C] as *mut [[f32; 4]; C]);
+                return tile_avx_r4::<F, C>(w, a, out4);
+            }
+        }
+        let nbp = w.nbp;
+        let kp = nbp * BLOCK;
+        let rb = row_bytes(F, kp);
+        let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
+        let mut acc = [[0f32; R]; C];
+        for b in 0..nbp {
+            for r in 0..R {
+                // SAFETY: block b < nbp lies inside row r.
+                let wv = unsafe { load_block_128::<F>(wq.add(r * rb), b) };
+                let dw = w.d[r * nbp + b].to_f32();
+                for c in 0..C {
+                    // SAFETY: block b of activation row c.
+                    let v = unsafe { block_dot_128::<F>(wv, load_act_128(aq, c * kp + b * BLOCK)) };
+                    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+                    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+                    acc[c][r] += _mm_cvtsi128_si32(v) as f32 * dw * a.d[c * nbp + b];
+                }
+            }
+        }
+        for c in 0..C {
+            for r in 0..R {
+                let mut bias = 0f32;
+                if F != Q8 {
+                    for b in 0..nbp {
+                        let m = if F == Q41 {
+                            w.m[r * nbp + b].to_f32()
+                        } else {
+                            -offset(F) * w.d[r * nbp + b].to_f32()
+                        };
+                        bias += m * a.s[c * nbp + b];
+                    }
+                }
+                out[c][r] = acc[c][r] + bias;
+            }
+        }
+    }
+
+    /// AVX kernel for tiles of four weight rows: each row's block product folds to four
+    /// 32-bit sums, and two rounds of `phaddd` put the four rows' dot products in one
+    /// register, `[r0, r1, r2, r3]`, so one conversion and one multiply-add per activation
+    /// row and block serve all four (the layout [`tile_avx2_r4`] has in each 128-bit half).
+    ///
+    /// # Safety
+    /// As [`tile_avx`].
+    #[target_feature(enable = "avx,fma,f16c")]
+    unsafe fn tile_avx_r4<const F: u8, const C: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        out: &mut [[f32; 4]; C],
+    ) {
+        let nbp = w.nbp;
+        let kp = nbp * BLOCK;
+        let rb = row_bytes(F, kp);
+        let (wq, aq, ad, as_) = (w.q.as_ptr(), a.q.as_ptr(), a.d.as_ptr(), a.s.as_ptr());
+        let (wd, wm) = (w.d.as_ptr() as *const u16, w.m.as_ptr() as *const u16);
+        let neg_off = _mm_set1_ps(-offset(F));
+        let mut acc = [_mm_setzero_ps(); C];
+        for b in 0..nbp {
+            // SAFETY: block b < nbp of rows 0..4, and of every activation row c < C.
+            unsafe {
+                let w0 = load_block_128::<F>(wq, b);
+                let w1 = load_block_128::<F>(wq.add(rb), b);
+                let w2 = load_block_128::<F>(wq.add(2 * rb), b);
+                let w3 = load_block_128::<F>(wq.add(3 * rb), b);
+                let scales = |p: *const u16| {
+                    _mm_cvtph_ps(_mm_setr_epi16(
+                        *p.add(b) as i16,
+                        *p.add(nbp + b) as i16,
+                        *p.add(2 * nbp + b) as i16,
+                        *p.add(3 * nbp + b) as i16,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ))
+                };
+                let d4 = scales(wd);
+                let m4 = if F == Q8 {
+                    None
+                } else if F == Q41 {
+                    Some(scales(wm))
+                } else {
+                    Some(_mm_mul_ps(d4, neg_off))
+                };
+                for c in 0..C {
+                    let av = load_act_128(aq, c * kp + b * BLOCK);
+                    let h01 =
+                        _mm_hadd_epi32(block_dot_128::<F>(w0, av), block_dot_128::<F>(w1, av));
+                    let h23 =
+                        _mm_hadd_epi32(block_dot_128::<F>(w2, av), block_dot_128::<F>(w3, av));
+                    let dot = _mm_hadd_epi32(h01, h23);
+                    let scale = _mm_mul_ps(d4, _mm_set1_ps(*ad.add(c * nbp + b)));
+                    acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(dot), scale, acc[c]);
+                    if let Some(m) = m4 {
+                        acc[c] = _mm_fmadd_ps(m, _mm_set1_ps(*as_.add(c * nbp + b)), acc[c]);
+                    }
+                }
+            }
+        }
+        for c in 0..C {
+            // SAFETY: out[c] holds four f32.
+            unsafe { _mm_storeu_ps(out[c].as_mut_ptr(), acc[c]) };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -884,6 +1090,7 @@ mod tests {
     fn tiers_are_named_as_the_environment_variable_takes_them() {
         assert_eq!(Isa::from_name("Scalar"), Some(Isa::Scalar));
         assert_eq!(Isa::from_name("AVX2"), Some(Isa::Avx2));
+        assert_eq!(Isa::from_name("avx"), Some(Isa::Avx));
         assert_eq!(Isa::from_name("avx512"), Some(Isa::Avx512Vnni));
         assert_eq!(Isa::from_name("neon"), Some(Isa::Neon));
         assert_eq!(Isa::from_name("sse4"), None);

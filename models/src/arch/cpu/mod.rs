@@ -73,7 +73,7 @@ pub fn eligible_on(file: &GgufFile, device: &Device, isa: Isa) -> std::result::R
     // "CPUs without a SIMD tier of the kernels").
     if isa == Isa::Scalar {
         return Err(
-            "this CPU has none of the kernels' SIMD tiers (AVX2, AVX-512, NEON): candle is \
+            "this CPU has none of the kernels' SIMD tiers (AVX+FMA, AVX2, AVX-512, NEON): candle is \
              faster on it"
                 .into(),
         );
