@@ -7,7 +7,7 @@
 //! below: [`Budgeted`], the binary's global allocator, counts what a thread running under
 //! [`run_bounded`] allocates, and an allocation past the thread's limit never reaches the
 //! system allocator. That thread stops for good instead (it parks forever, holding at most
-//! its limit) and the caller gets [`Exceeded`]: the node keeps running and the request gets
+//! its limit) and the caller gets [`Bounded::Exceeded`]: the node keeps running and the request gets
 //! a clear error. The caller must never again use what that thread was working on (it may
 //! have stopped half-way through an update); `chat::ChatTemplate` refuses the template from
 //! then on, so a hostile template costs one stopped thread.
@@ -45,12 +45,18 @@ thread_local! {
     static WATCH: Cell<*const Watch> = const { Cell::new(std::ptr::null()) };
 }
 
-/// Work under [`run_bounded`] went past its memory limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("needs more than {limit} bytes of memory")]
-pub struct Exceeded {
-    /// The limit, in bytes.
-    pub limit: usize,
+/// Why work under [`run_bounded`] gave no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Bounded {
+    /// It went past its memory limit and was stopped.
+    #[error("needs more than {limit} bytes of memory")]
+    Exceeded {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// No thread could be started for it (a process at its thread limit); it did not run.
+    #[error("no thread for bounded work: {0}")]
+    NoThread(String),
 }
 
 /// How a bounded thread ended, for the caller waiting on it.
@@ -168,14 +174,14 @@ const STACK_BYTES: usize = 8 << 20;
 
 /// Runs `work` on a thread of its own whose live allocations may total at most `limit`
 /// bytes, and waits for it. Past the limit the thread stops where it is and this returns
-/// [`Exceeded`]; a panic in `work` is re-raised here. When [`Budgeted`] is not the global
+/// [`Bounded::Exceeded`]; a panic in `work` is re-raised here. When [`Budgeted`] is not the global
 /// allocator the work runs the same way without the bound. Memory the work frees that was
 /// allocated before it started counts in its favour, so the limit is approximate by the
 /// size of what `work` owns on entry.
 pub fn run_bounded<T: Send + 'static>(
     limit: usize,
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, Exceeded> {
+) -> Result<T, Bounded> {
     let watch = Arc::new(Watch {
         end: Mutex::new(End::Running),
         changed: Condvar::new(),
@@ -198,12 +204,9 @@ pub fn run_bounded<T: Send + 'static>(
         .spawn(body)
     {
         Ok(thread) => thread,
-        // No thread to be had (a process at its thread limit): the work cannot run bounded,
-        // and running it unbounded here is what the bound exists to avoid.
-        Err(e) => {
-            tracing::warn!(error = %e, "no thread for bounded work");
-            return Err(Exceeded { limit });
-        }
+        // No thread to be had: the work cannot run bounded, and running it unbounded here
+        // is what the bound exists to avoid.
+        Err(e) => return Err(Bounded::NoThread(e.to_string())),
     };
     let mut end = watch.end.lock().unwrap_or_else(PoisonError::into_inner);
     while *end == End::Running {
@@ -216,7 +219,7 @@ pub fn run_bounded<T: Send + 'static>(
     drop(end);
     if ended == End::Exceeded {
         // The thread is parked for good; dropping its handle detaches it.
-        return Err(Exceeded { limit });
+        return Err(Bounded::Exceeded { limit });
     }
     let _ = thread.join();
     let out = slot
@@ -263,7 +266,7 @@ mod tests {
             s.len()
         })
         .unwrap_err();
-        assert_eq!(err, Exceeded { limit: 64 << 20 });
+        assert_eq!(err, Bounded::Exceeded { limit: 64 << 20 });
         // One allocation far past the limit never reaches the system allocator.
         let err = run_bounded(64 << 20, || Vec::<u8>::with_capacity(1 << 40).capacity());
         assert!(err.is_err());

@@ -521,7 +521,12 @@ impl ChatTemplate {
         });
         match rendered {
             Ok(text) => text,
-            Err(budget::Exceeded { limit }) => {
+            // A transient failure: the template is not to blame.
+            Err(budget::Bounded::NoThread(why)) => Err(ChatError::Template(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("cannot render the prompt now: {why}"),
+            ))),
+            Err(budget::Bounded::Exceeded { limit }) => {
                 self.refused.store(true, Ordering::Relaxed);
                 REFUSED_SOURCES
                     .lock()
