@@ -54,9 +54,58 @@ pub enum Bounded {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// It did not finish within the time given (it runs on, or waits on a lock held by
+    /// a stopped thread; either way its thread is given up).
+    #[error("did not finish within {0:?}")]
+    TimedOut(std::time::Duration),
     /// No thread could be started for it (a process at its thread limit); it did not run.
     #[error("no thread for bounded work: {0}")]
     NoThread(String),
+}
+
+/// Most bounded threads at work at once: what stopped threads can hold before their callers
+/// learn of it is this many limits. (Renders take microseconds; two match the cores of the
+/// smallest machines Starling runs on.)
+pub const MAX_AT_ONCE: usize = 2;
+
+/// Bounded threads at work now, under [`MAX_AT_ONCE`].
+static AT_WORK: Mutex<usize> = Mutex::new(0);
+static SLOT_FREED: Condvar = Condvar::new();
+
+/// A place among the [`MAX_AT_ONCE`] bounded threads, given back on drop.
+struct Slot;
+
+impl Slot {
+    fn take() -> Self {
+        let mut n = AT_WORK.lock().unwrap_or_else(PoisonError::into_inner);
+        while *n >= MAX_AT_ONCE {
+            n = SLOT_FREED.wait(n).unwrap_or_else(PoisonError::into_inner);
+        }
+        *n += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *AT_WORK.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+        SLOT_FREED.notify_one();
+    }
+}
+
+/// Runs `f` on this thread without counting what it allocates toward a [`run_bounded`]
+/// limit: for trusted code called from bounded work that allocates while holding a
+/// process-wide lock (reading an environment variable), where stopping would hold the lock
+/// for good. Outside bounded work it just runs `f`.
+pub fn exempt<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            LIMIT.set(self.0);
+        }
+    }
+    let _restore = Restore(LIMIT.replace(UNBOUNDED));
+    f()
 }
 
 /// How a bounded thread ended, for the caller waiting on it.
@@ -86,6 +135,12 @@ pub fn installed() -> bool {
         drop(std::hint::black_box(Box::new(0u8)));
     }
     INSTALLED.load(Ordering::Relaxed)
+}
+
+fn mark_installed() {
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Counts `size` more bytes on this thread; false when that would pass its limit.
@@ -132,22 +187,29 @@ fn stall() -> ! {
 // count is bookkeeping on thread-local cells that never allocate.
 unsafe impl GlobalAlloc for Budgeted {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !INSTALLED.load(Ordering::Relaxed) {
-            INSTALLED.store(true, Ordering::Relaxed);
-        }
+        mark_installed();
         if !charge(layout.size()) {
             stall();
         }
         // SAFETY: the caller's contract for `alloc`, passed on.
-        unsafe { System.alloc(layout) }
+        let p = unsafe { System.alloc(layout) };
+        if p.is_null() {
+            credit(layout.size());
+        }
+        p
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        mark_installed();
         if !charge(layout.size()) {
             stall();
         }
         // SAFETY: as `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if p.is_null() {
+            credit(layout.size());
+        }
+        p
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -165,7 +227,16 @@ unsafe impl GlobalAlloc for Budgeted {
             credit(layout.size() - new_size);
         }
         // SAFETY: as `dealloc`, and the caller's contract for `realloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if p.is_null() {
+            // The old block stays as it was: undo the count.
+            if new_size > layout.size() {
+                credit(new_size - layout.size());
+            } else {
+                let _ = charge(layout.size() - new_size);
+            }
+        }
+        p
     }
 }
 
@@ -180,8 +251,10 @@ const STACK_BYTES: usize = 8 << 20;
 /// size of what `work` owns on entry.
 pub fn run_bounded<T: Send + 'static>(
     limit: usize,
+    time: std::time::Duration,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Bounded> {
+    let _slot = Slot::take();
     let watch = Arc::new(Watch {
         end: Mutex::new(End::Running),
         changed: Condvar::new(),
@@ -208,15 +281,17 @@ pub fn run_bounded<T: Send + 'static>(
         // is what the bound exists to avoid.
         Err(e) => return Err(Bounded::NoThread(e.to_string())),
     };
-    let mut end = watch.end.lock().unwrap_or_else(PoisonError::into_inner);
-    while *end == End::Running {
-        end = watch
-            .changed
-            .wait(end)
-            .unwrap_or_else(PoisonError::into_inner);
-    }
+    let end = watch.end.lock().unwrap_or_else(PoisonError::into_inner);
+    let (end, _) = watch
+        .changed
+        .wait_timeout_while(end, time, |e| *e == End::Running)
+        .unwrap_or_else(PoisonError::into_inner);
     let ended = *end;
     drop(end);
+    if ended == End::Running {
+        // Given up: the thread is detached with its handle.
+        return Err(Bounded::TimedOut(time));
+    }
     if ended == End::Exceeded {
         // The thread is parked for good; dropping its handle detaches it.
         return Err(Bounded::Exceeded { limit });
@@ -240,13 +315,15 @@ mod tests {
 
     // The crate's test binary installs `Budgeted` (lib.rs), so these run with the bound.
 
+    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
     #[test]
     fn work_within_its_limit_returns_its_value() {
         assert!(installed());
-        let got = run_bounded(1 << 20, || vec![7u8; 100_000].len()).unwrap();
+        let got = run_bounded(1 << 20, SECOND, || vec![7u8; 100_000].len()).unwrap();
         assert_eq!(got, 100_000);
         // Memory freed along the way does not count: many small rounds fit a small limit.
-        let got = run_bounded(1 << 20, || {
+        let got = run_bounded(1 << 20, SECOND, || {
             (0..1000)
                 .map(|i| vec![i as u8; 10_000].len())
                 .sum::<usize>()
@@ -258,7 +335,7 @@ mod tests {
     #[test]
     fn work_past_its_limit_is_stopped_and_the_process_goes_on() {
         // Doubling a string: a terabyte within a few dozen steps, were it allowed.
-        let err = run_bounded(64 << 20, || {
+        let err = run_bounded(64 << 20, SECOND, || {
             let mut s = String::from("x");
             for _ in 0..40 {
                 s = s.clone() + &s;
@@ -268,17 +345,40 @@ mod tests {
         .unwrap_err();
         assert_eq!(err, Bounded::Exceeded { limit: 64 << 20 });
         // One allocation far past the limit never reaches the system allocator.
-        let err = run_bounded(64 << 20, || Vec::<u8>::with_capacity(1 << 40).capacity());
+        let err = run_bounded(64 << 20, SECOND, || {
+            Vec::<u8>::with_capacity(1 << 40).capacity()
+        });
         assert!(err.is_err());
         // This thread is unbounded and unaffected, and later bounded work runs.
         let big = vec![1u8; 128 << 20];
         assert_eq!(big.len(), 128 << 20);
-        assert_eq!(run_bounded(1 << 20, || 2 + 2), Ok(4));
+        assert_eq!(run_bounded(1 << 20, SECOND, || 2 + 2), Ok(4));
+    }
+
+    #[test]
+    fn work_past_its_time_is_given_up_and_exempt_work_is_not_counted() {
+        let err = run_bounded(1 << 20, std::time::Duration::from_millis(50), || {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        });
+        assert!(matches!(err, Err(Bounded::TimedOut(_))), "{err:?}");
+        // Exempt allocations pass a limit they are far above; counting resumes after.
+        let got = run_bounded(1 << 20, SECOND, || {
+            let big = exempt(|| vec![1u8; 8 << 20]);
+            big.len()
+        });
+        assert_eq!(got, Ok(8 << 20));
+        let err = run_bounded(1 << 20, SECOND, || {
+            let _exempt = exempt(|| vec![1u8; 8 << 20]);
+            vec![1u8; 4 << 20].len()
+        });
+        assert!(matches!(err, Err(Bounded::Exceeded { .. })), "{err:?}");
     }
 
     #[test]
     #[should_panic(expected = "bounded work panicked")]
     fn a_panic_in_the_work_reaches_the_caller() {
-        let _ = run_bounded(1 << 20, || -> usize { panic!("bounded work panicked") });
+        let _ = run_bounded(1 << 20, SECOND, || -> usize {
+            panic!("bounded work panicked")
+        });
     }
 }

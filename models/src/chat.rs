@@ -13,7 +13,7 @@
 //! hold no control-token text gets exactly the tokens of tokenising the rendered string.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use minijinja::{context, Environment, ErrorKind};
@@ -158,10 +158,19 @@ pub const TEMPLATE_OUTPUT_BYTES: usize = 64 << 20;
 /// refused for good, with [`ChatError::Memory`].
 pub const TEMPLATE_MEMORY_BYTES: usize = 4 * TEMPLATE_OUTPUT_BYTES;
 
+/// Longest a render may take. Real templates render in microseconds to milliseconds; one
+/// still running after this (fuel bounds instructions, not the bytes each one copies) is
+/// refused like one past its memory bound.
+pub const TEMPLATE_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Hashes of template sources that went past [`TEMPLATE_MEMORY_BYTES`] in this process:
 /// loading one again is refused at once, so a hostile template stops one thread, not one
 /// per load.
 static REFUSED_SOURCES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// Why a [`ChatTemplate`] was refused (`ChatTemplate::refused`).
+const REFUSED_MEMORY: u8 = 1;
+const REFUSED_TIME: u8 = 2;
 
 fn source_hash(src: &str) -> u64 {
     let mut h = DefaultHasher::new();
@@ -192,6 +201,12 @@ pub enum ChatError {
          is refused (give the model another one)"
     )]
     Memory(usize),
+    /// Rendering took longer than [`TEMPLATE_TIME`]; the template is refused from then on.
+    #[error(
+        "chat template: rendering took longer than {0:?}; the model's template is refused \
+         (give the model another one)"
+    )]
+    TimedOut(std::time::Duration),
     /// A role that is not a plain identifier (roles are template markup, not content).
     #[error("invalid chat role {0:?}: roles are 1-32 ASCII letters, digits, '_' or '-'")]
     InvalidRole(String),
@@ -284,7 +299,8 @@ pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
     /// The template went past its memory bound: its environment may be mid-update on a
     /// stopped thread, so it is never used again.
-    refused: AtomicBool,
+    /// [`REFUSED_MEMORY`] or [`REFUSED_TIME`] once refused, 0 before.
+    refused: AtomicU8,
     source_hash: u64,
     tokenizer: Arc<GgufTokenizer>,
     bos_token: String,
@@ -364,7 +380,10 @@ impl ChatTemplate {
             |fmt: String| -> Result<String, minijinja::Error> {
                 use std::fmt::Write;
                 let mut out = String::new();
-                write!(out, "{}", chrono::Local::now().format(&fmt)).map_err(|_| {
+                // Exempt from the render's memory bound: the local time zone is read under
+                // the process's environment lock, which a render stopped there would hold.
+                let now = budget::exempt(chrono::Local::now);
+                write!(out, "{}", now.format(&fmt)).map_err(|_| {
                     minijinja::Error::new(
                         ErrorKind::InvalidOperation,
                         format!("strftime_now: invalid format {fmt:?}"),
@@ -385,7 +404,7 @@ impl ChatTemplate {
             bos_token: text_of(tokenizer.bos_id()),
             eos_token: text_of(tokenizer.eos_id()),
             env: Arc::new(env),
-            refused: AtomicBool::new(false),
+            refused: AtomicU8::new(0),
             source_hash,
             tokenizer,
             source,
@@ -404,7 +423,9 @@ impl ChatTemplate {
             Err(ChatError::Template(e)) if e.kind() == ErrorKind::OutOfFuel => {
                 return Err(ChatError::Template(e));
             }
-            Err(e @ (ChatError::TooLong(_) | ChatError::Memory(_))) => return Err(e),
+            Err(e @ (ChatError::TooLong(_) | ChatError::Memory(_) | ChatError::TimedOut(_))) => {
+                return Err(e)
+            }
             _ => {}
         }
         template.tool_format = template.probe_tool_format();
@@ -502,14 +523,17 @@ impl ChatTemplate {
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        if self.refused.load(Ordering::Relaxed) {
-            return Err(ChatError::Memory(TEMPLATE_MEMORY_BYTES));
+        match self.refused.load(Ordering::Relaxed) {
+            REFUSED_MEMORY => return Err(ChatError::Memory(TEMPLATE_MEMORY_BYTES)),
+            REFUSED_TIME => return Err(ChatError::TimedOut(TEMPLATE_TIME)),
+            _ => {}
         }
+        warm_up();
         let env = self.env.clone();
         let messages = messages.to_vec();
         let tools = tools.cloned();
         let (bos_token, eos_token) = (self.bos_token.clone(), self.eos_token.clone());
-        let rendered = budget::run_bounded(TEMPLATE_MEMORY_BYTES, move || {
+        let rendered = budget::run_bounded(TEMPLATE_MEMORY_BYTES, TEMPLATE_TIME, move || {
             let context = context! {
                 messages => messages,
                 tools => tools,
@@ -527,18 +551,24 @@ impl ChatTemplate {
                 format!("cannot render the prompt now: {why}"),
             ))),
             Err(budget::Bounded::Exceeded { limit }) => {
-                self.refused.store(true, Ordering::Relaxed);
-                REFUSED_SOURCES
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(self.source_hash);
-                tracing::warn!(
-                    limit,
-                    "the chat template needed more memory than its bound; it is refused"
-                );
+                self.refuse(REFUSED_MEMORY, "needed more memory than its bound");
                 Err(ChatError::Memory(limit))
             }
+            Err(budget::Bounded::TimedOut(after)) => {
+                self.refuse(REFUSED_TIME, "took longer than its time bound");
+                Err(ChatError::TimedOut(after))
+            }
         }
+    }
+
+    /// Refuses this template, and its source at later loads.
+    fn refuse(&self, reason: u8, why: &str) {
+        self.refused.store(reason, Ordering::Relaxed);
+        REFUSED_SOURCES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(self.source_hash);
+        tracing::warn!("the chat template {why}; it is refused");
     }
 
     /// Renders and tokenises the conversation. Control tokens come only from the template's
@@ -713,6 +743,22 @@ fn pick_nonce(messages: &[ChatMessage]) -> Result<String, ChatError> {
     Err(ChatError::Placeholder(
         "could not pick a unique placeholder".into(),
     ))
+}
+
+/// Runs once per process, unbounded, what minijinja initialises lazily behind process-wide
+/// locks (number formatting, escaping, a missing include): a bounded render that stopped
+/// inside one of those initialisations would hold its lock for good.
+fn warm_up() {
+    static WARM: std::sync::Once = std::sync::Once::new();
+    WARM.call_once(|| {
+        let mut env = Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        let _ = env.render_str(
+            "{{ 5 | e }}{{ 2.5 }}{{ 'x' | e }}{{ [1, 'a'] | tojson }}{{ 7 | string }}\
+             {% include 'none' ignore missing %}",
+            context! {},
+        );
+    });
 }
 
 /// Renders the chat template into a [`Capped`] buffer: past [`TEMPLATE_OUTPUT_BYTES`] the

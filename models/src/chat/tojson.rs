@@ -71,6 +71,14 @@ impl Layout<'_> {
     /// Writes `v`, walking minijinja's own maps and sequences so that keys keep the order
     /// they have there (a dict literal's order; request JSON arrives with sorted keys).
     fn write(&self, v: &Value, level: usize, out: &mut String) -> Result<(), Error> {
+        // Indentation makes the text grow with depth times items: bounded like a render's
+        // output, so a request's tools cannot make a real template build gigabytes.
+        if out.len() > super::TEMPLATE_OUTPUT_BYTES {
+            return Err(invalid(&format!(
+                "tojson: the JSON exceeds {} bytes",
+                super::TEMPLATE_OUTPUT_BYTES
+            )));
+        }
         match v.kind() {
             ValueKind::Map => {
                 let mut entries: Vec<(String, Value)> = Vec::new();
@@ -182,6 +190,18 @@ mod tests {
             one(serde_json::json!({"x": [1.5, true, -2]})),
             r#"{"x": [1.5, true, -2]}"#
         );
+    }
+
+    #[test]
+    fn json_past_the_output_bound_is_an_error() {
+        let mut env = Environment::new();
+        env.add_filter("tojson", super::tojson);
+        // Three million items at an indent of sixteen: over 64 MiB of text.
+        let big = vec![vec![1u8; 1000]; 3000];
+        let err = env
+            .render_str("{{ v | tojson(indent=16) }}", context! { v => big })
+            .unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
     }
 
     #[test]
