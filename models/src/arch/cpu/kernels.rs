@@ -549,6 +549,49 @@ mod x86 {
         }
     }
 
+    /// The f16 scales (or Q4_1 minima) of block `b` of four consecutive rows, as f32.
+    ///
+    /// # Safety
+    /// `p` must hold four rows of `nbp` values, `b < nbp`, and the CPU must have F16C (the
+    /// callers enable it).
+    #[inline(always)]
+    unsafe fn scales4(p: *const u16, nbp: usize, b: usize) -> __m128 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            _mm_cvtph_ps(_mm_setr_epi16(
+                *p.add(b) as i16,
+                *p.add(nbp + b) as i16,
+                *p.add(2 * nbp + b) as i16,
+                *p.add(3 * nbp + b) as i16,
+                0,
+                0,
+                0,
+                0,
+            ))
+        }
+    }
+
+    /// The bias term of weight row `r` against activation row `c`: the sum over blocks of
+    /// the block's bias (Q4_1's minimum, `-offset·d` for Q4_0) times the activation
+    /// block's `d·Σq`; zero for Q8, whose signed products already hold it.
+    #[inline(always)]
+    fn row_bias<const F: u8>(w: &WeightRows<'_>, a: &ActRows<'_>, r: usize, c: usize) -> f32 {
+        let nbp = w.nbp;
+        if F == Q8 {
+            return 0.0;
+        }
+        (0..nbp)
+            .map(|b| {
+                let m = if F == Q41 {
+                    w.m[r * nbp + b].to_f32()
+                } else {
+                    -offset(F) * w.d[r * nbp + b].to_f32()
+                };
+                m * a.s[c * nbp + b]
+            })
+            .sum()
+    }
+
     #[inline(always)]
     unsafe fn hsum256(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
@@ -609,17 +652,7 @@ mod x86 {
         }
         for c in 0..C {
             for r in 0..R {
-                let mut bias = 0f32;
-                if F != Q8 {
-                    for b in 0..nbp {
-                        let m = if F == Q41 {
-                            w.m[r * nbp + b].to_f32()
-                        } else {
-                            -offset(F) * w.d[r * nbp + b].to_f32()
-                        };
-                        bias += m * a.s[c * nbp + b];
-                    }
-                }
+                let bias = row_bias::<F>(w, a, r, c);
                 // SAFETY: plain register arithmetic on an initialised vector.
                 out[c][r] = unsafe { hsum256(acc[c][r]) } + bias;
             }
@@ -679,18 +712,7 @@ mod x86 {
                 let w1 = load_block::<F>(wq.add(rb), b);
                 let w2 = load_block::<F>(wq.add(2 * rb), b);
                 let w3 = load_block::<F>(wq.add(3 * rb), b);
-                let scales = |p: *const u16| {
-                    _mm_cvtph_ps(_mm_setr_epi16(
-                        *p.add(b) as i16,
-                        *p.add(nbp + b) as i16,
-                        *p.add(2 * nbp + b) as i16,
-                        *p.add(3 * nbp + b) as i16,
-                        0,
-                        0,
-                        0,
-                        0,
-                    ))
-                };
+                let scales = |p: *const u16| scales4(p, nbp, b);
                 let d4 = scales(wd);
                 let dw = _mm256_set_m128(d4, d4);
                 // Bias per row in the low half only: the halves are summed at the end.
@@ -842,17 +864,7 @@ mod x86 {
         }
         for c in 0..C {
             for r in 0..R {
-                let mut bias = 0f32;
-                if F != Q8 {
-                    for b in 0..nbp {
-                        let m = if F == Q41 {
-                            w.m[r * nbp + b].to_f32()
-                        } else {
-                            -offset(F) * w.d[r * nbp + b].to_f32()
-                        };
-                        bias += m * a.s[c * nbp + b];
-                    }
-                }
+                let bias = row_bias::<F>(w, a, r, c);
                 out[c][r] = acc[c][r] + bias;
             }
         }
@@ -885,18 +897,7 @@ mod x86 {
                 let w1 = load_block_128::<F>(wq.add(rb), b);
                 let w2 = load_block_128::<F>(wq.add(2 * rb), b);
                 let w3 = load_block_128::<F>(wq.add(3 * rb), b);
-                let scales = |p: *const u16| {
-                    _mm_cvtph_ps(_mm_setr_epi16(
-                        *p.add(b) as i16,
-                        *p.add(nbp + b) as i16,
-                        *p.add(2 * nbp + b) as i16,
-                        *p.add(3 * nbp + b) as i16,
-                        0,
-                        0,
-                        0,
-                        0,
-                    ))
-                };
+                let scales = |p: *const u16| scales4(p, nbp, b);
                 let d4 = scales(wd);
                 let m4 = if F == Q8 {
                     None
