@@ -224,8 +224,10 @@ pub(crate) fn tile<const R: usize, const C: usize>(
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => {
-            // SAFETY: `Isa::Avx512Vnni` is only produced by `Isa::available` after checking
-            // every feature the function enables; the slice lengths were checked above.
+            // SAFETY: every caller of this crate-private function passes a tier from
+            // `Isa::detect`/`Isa::choose`, which return only members of `Isa::available`,
+            // and that lists a tier after checking every feature its kernel enables (here
+            // and below); the slice lengths were checked above.
             unsafe {
                 match w.fmt {
                     Format::Q8_0 => x86::tile_avx512::<Q8, R, C>(w, a, out),
