@@ -183,33 +183,32 @@ fn stall() -> ! {
     }
 }
 
+/// A new block of `size` bytes from `get`, counted on this thread; the count is undone
+/// when the system has none.
+#[inline(always)]
+fn counted(size: usize, get: impl FnOnce() -> *mut u8) -> *mut u8 {
+    mark_installed();
+    if !charge(size) {
+        stall();
+    }
+    let p = get();
+    if p.is_null() {
+        credit(size);
+    }
+    p
+}
+
 // SAFETY: every method hands the request to `System` unchanged (or never returns); the
 // count is bookkeeping on thread-local cells that never allocate.
 unsafe impl GlobalAlloc for Budgeted {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        mark_installed();
-        if !charge(layout.size()) {
-            stall();
-        }
         // SAFETY: the caller's contract for `alloc`, passed on.
-        let p = unsafe { System.alloc(layout) };
-        if p.is_null() {
-            credit(layout.size());
-        }
-        p
+        counted(layout.size(), || unsafe { System.alloc(layout) })
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        mark_installed();
-        if !charge(layout.size()) {
-            stall();
-        }
         // SAFETY: as `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if p.is_null() {
-            credit(layout.size());
-        }
-        p
+        counted(layout.size(), || unsafe { System.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {

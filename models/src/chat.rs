@@ -163,14 +163,22 @@ pub const TEMPLATE_MEMORY_BYTES: usize = 4 * TEMPLATE_OUTPUT_BYTES;
 /// refused like one past its memory bound.
 pub const TEMPLATE_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Hashes of template sources that went past [`TEMPLATE_MEMORY_BYTES`] in this process:
-/// loading one again is refused at once, so a hostile template stops one thread, not one
-/// per load.
-static REFUSED_SOURCES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// Template sources refused in this process (their hash and why): loading one again is
+/// refused at once, so a hostile template stops its threads once, not at every load.
+static REFUSED_SOURCES: Mutex<Vec<(u64, u8)>> = Mutex::new(Vec::new());
 
-/// Why a [`ChatTemplate`] was refused (`ChatTemplate::refused`).
+/// Why a template was refused (`ChatTemplate::refused`, [`REFUSED_SOURCES`]); 0 is not.
 const REFUSED_MEMORY: u8 = 1;
 const REFUSED_TIME: u8 = 2;
+
+/// The error a template refused for `reason` answers with, if it is refused.
+fn refusal(reason: u8) -> Option<ChatError> {
+    match reason {
+        REFUSED_MEMORY => Some(ChatError::Memory(TEMPLATE_MEMORY_BYTES)),
+        REFUSED_TIME => Some(ChatError::TimedOut(TEMPLATE_TIME)),
+        _ => None,
+    }
+}
 
 fn source_hash(src: &str) -> u64 {
     let mut h = DefaultHasher::new();
@@ -178,11 +186,14 @@ fn source_hash(src: &str) -> u64 {
     h.finish()
 }
 
-fn refused_before(hash: u64) -> bool {
+/// Why the source with this hash was refused before in this process, or 0.
+fn refused_before(hash: u64) -> u8 {
     REFUSED_SOURCES
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .contains(&hash)
+        .iter()
+        .find(|(h, _)| *h == hash)
+        .map_or(0, |&(_, reason)| reason)
 }
 
 /// Errors from rendering or encoding a chat.
@@ -297,9 +308,9 @@ const CLOSE: char = '\u{E001}';
 pub struct ChatTemplate {
     /// Shared with the thread each render runs on ([`budget::run_bounded`]).
     env: Arc<Environment<'static>>,
-    /// The template went past its memory bound: its environment may be mid-update on a
-    /// stopped thread, so it is never used again.
-    /// [`REFUSED_MEMORY`] or [`REFUSED_TIME`] once refused, 0 before.
+    /// [`REFUSED_MEMORY`] or [`REFUSED_TIME`] once a render went past a bound, 0 before:
+    /// the environment may then be mid-update on a stopped thread, so it is never used
+    /// again.
     refused: AtomicU8,
     source_hash: u64,
     tokenizer: Arc<GgufTokenizer>,
@@ -354,8 +365,8 @@ impl ChatTemplate {
         source: TemplateSource,
     ) -> Result<Self, ChatError> {
         let source_hash = source_hash(&src);
-        if refused_before(source_hash) {
-            return Err(ChatError::Memory(TEMPLATE_MEMORY_BYTES));
+        if let Some(e) = refusal(refused_before(source_hash)) {
+            return Err(e);
         }
         let mut env = Environment::new();
         env.set_trim_blocks(true);
@@ -515,18 +526,17 @@ impl ChatTemplate {
         self.render_raw(messages, tools, add_generation_prompt)
     }
 
-    /// Renders on a thread of its own under [`TEMPLATE_MEMORY_BYTES`]; a template that
-    /// goes past it is refused from then on (here and at later loads of the same source).
+    /// Renders on a thread of its own under [`TEMPLATE_MEMORY_BYTES`] and [`TEMPLATE_TIME`];
+    /// a template that goes past either is refused from then on (here and at later loads of
+    /// the same source).
     fn render_raw(
         &self,
         messages: &[ChatMessage],
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
-        match self.refused.load(Ordering::Relaxed) {
-            REFUSED_MEMORY => return Err(ChatError::Memory(TEMPLATE_MEMORY_BYTES)),
-            REFUSED_TIME => return Err(ChatError::TimedOut(TEMPLATE_TIME)),
-            _ => {}
+        if let Some(e) = refusal(self.refused.load(Ordering::Relaxed)) {
+            return Err(e);
         }
         warm_up();
         let env = self.env.clone();
@@ -567,7 +577,7 @@ impl ChatTemplate {
         REFUSED_SOURCES
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(self.source_hash);
+            .push((self.source_hash, reason));
         tracing::warn!("the chat template {why}; it is refused");
     }
 

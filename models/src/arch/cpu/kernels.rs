@@ -551,6 +551,15 @@ mod x86 {
         }
     }
 
+    /// `out` as a tile of four weight rows when `R` is 4 (the kernels' fast shape).
+    #[inline(always)]
+    fn four_rows<const R: usize, const C: usize>(
+        out: &mut [[f32; R]; C],
+    ) -> Option<&mut [[f32; 4]; C]> {
+        // SAFETY: with R == 4 the two types are the same.
+        (R == 4).then(|| unsafe { &mut *(out as *mut [[f32; R]; C] as *mut [[f32; 4]; C]) })
+    }
+
     /// The f16 scales (or Q4_1 minima) of block `b` of four consecutive rows, as f32.
     ///
     /// # Safety
@@ -616,12 +625,9 @@ mod x86 {
         a: &ActRows<'_>,
         out: &mut [[f32; R]; C],
     ) {
-        if R == 4 {
-            // SAFETY: same contract; R == 4 makes the cast an identity.
-            unsafe {
-                let out4 = &mut *(out as *mut [[f32; R]; C] as *mut [[f32; 4]; C]);
-                return tile_avx2_r4::<F, C>(w, a, out4);
-            }
+        if let Some(out4) = four_rows(out) {
+            // SAFETY: same contract.
+            return unsafe { tile_avx2_r4::<F, C>(w, a, out4) };
         }
         let nbp = w.nbp;
         let kp = nbp * BLOCK;
@@ -838,12 +844,9 @@ mod x86 {
         a: &ActRows<'_>,
         out: &mut [[f32; R]; C],
     ) {
-        if R == 4 {
-            // SAFETY: same contract; R == 4 makes the cast an identity.
-            unsafe {
-                let out4 = &mut *(out as *mut [[f32; R]; C] as *mut [[f32; 4]; C]);
-                return tile_avx_r4::<F, C>(w, a, out4);
-            }
+        if let Some(out4) = four_rows(out) {
+            // SAFETY: same contract.
+            return unsafe { tile_avx_r4::<F, C>(w, a, out4) };
         }
         let nbp = w.nbp;
         let kp = nbp * BLOCK;
