@@ -340,6 +340,10 @@ pub struct Engine {
 impl Engine {
     /// Loads a GGUF model and starts its inference thread.
     pub fn load(path: &Path, config: &EngineConfig) -> Result<Self> {
+        crate::budget::load_in_own_pages(|| Self::load_now(path, config))
+    }
+
+    fn load_now(path: &Path, config: &EngineConfig) -> Result<Self> {
         let file = GgufFile::open(path)?;
         let device = config.device.open()?;
         let tokenizer = Arc::new(GgufTokenizer::from_gguf(file.content())?);
