@@ -23,6 +23,8 @@ pub struct BenchConfig {
     pub gen_tokens: Vec<usize>,
     /// Measured repetitions of each test (after one warm-up run).
     pub repetitions: usize,
+    /// Measure the machine's read bandwidth too (when there is a generation test).
+    pub bandwidth: bool,
 }
 
 impl Default for BenchConfig {
@@ -31,8 +33,69 @@ impl Default for BenchConfig {
             prompt_tokens: vec![512],
             gen_tokens: vec![128],
             repetitions: 5,
+            bandwidth: true,
         }
     }
+}
+
+/// Bytes the bandwidth measurement reads per pass: far beyond the last-level cache of any
+/// CPU this runs on (server parts have up to a few hundred MiB).
+pub const BANDWIDTH_BUFFER: usize = 1 << 30;
+
+/// The machine's read bandwidth in bytes per second: the best of `passes` passes in which
+/// `threads` threads each sum their share of a `bytes`-long buffer (STREAM's read pattern,
+/// the one decoding has: every weight once per token, one after another). `None` when the
+/// buffer cannot be had.
+pub fn memory_bandwidth(bytes: usize, threads: usize, passes: usize) -> Option<f64> {
+    let threads = threads.max(1);
+    let words = (bytes / 8).next_multiple_of(8 * threads);
+    let mut buf: Vec<u64> = Vec::new();
+    buf.try_reserve_exact(words).ok()?;
+    // Written, not just reserved: pages the kernel has not backed would read as zeros
+    // from one shared page and measure nothing.
+    buf.extend((0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    let share = words / threads;
+    let mut best = f64::INFINITY;
+    for _ in 0..passes.max(1) {
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            for part in buf.chunks(share) {
+                scope.spawn(move || {
+                    // Eight independent sums, so the loop is vectorised and not bound by
+                    // one addition's latency.
+                    let mut acc = [0u64; 8];
+                    for block in part.chunks_exact(8) {
+                        for (a, &w) in acc.iter_mut().zip(block) {
+                            *a = a.wrapping_add(w);
+                        }
+                    }
+                    std::hint::black_box(acc);
+                });
+            }
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Some((words * 8) as f64 / best)
+}
+
+/// Bytes of weights one decoded token reads, from the file's tensor index (for models whose
+/// implementation does not report its own): every tensor once, except the token embeddings
+/// when the file has a separate output matrix (one row of them is read).
+pub fn file_weight_bytes_per_token(file: &GgufFile) -> u64 {
+    let infos = &file.content().tensor_infos;
+    let tied = !infos.contains_key("output.weight");
+    infos
+        .iter()
+        .map(|(name, info)| {
+            let block = info.ggml_dtype.block_size().max(1);
+            let bytes = (info.shape.elem_count() / block * info.ggml_dtype.type_size()) as u64;
+            if name == "token_embd.weight" && !tied {
+                bytes / info.shape.dims().first().copied().unwrap_or(1).max(1) as u64
+            } else {
+                bytes
+            }
+        })
+        .sum()
 }
 
 /// One line of results, like a row of `llama-bench`.
@@ -56,6 +119,14 @@ pub struct BenchResult {
     pub stddev: f64,
     /// Every measured repetition, tokens per second.
     pub samples: Vec<f64>,
+    /// Bytes of weights one decoded token reads (every matrix once, one embedding row).
+    pub weight_bytes_per_token: u64,
+    /// The machine's read bandwidth measured in the same run with the same threads, bytes
+    /// per second (`None` when it was not measured).
+    pub memory_bandwidth: Option<f64>,
+    /// For generation tests: weight bytes per token × tokens per second over the measured
+    /// bandwidth, i.e. how close decoding is to the limit that reading the weights sets.
+    pub bandwidth_fraction: Option<f64>,
 }
 
 /// Runs the benchmark on a GGUF file. `progress` is called with a line of status per run.
@@ -80,6 +151,20 @@ pub fn run(
     let quant = crate::engine::dominant_quantization(&file);
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let threads = candle_core::utils::get_num_threads();
+    let per_token = model
+        .weight_bytes_per_token()
+        .map_or_else(|| file_weight_bytes_per_token(&file), |b| b as u64);
+    let generates = config.gen_tokens.iter().any(|&n| n > 0);
+    let bandwidth = if config.bandwidth && generates {
+        progress("memory bandwidth: reading 1 GiB");
+        let b = memory_bandwidth(BANDWIDTH_BUFFER, threads, 5);
+        if let Some(b) = b {
+            progress(&format!("memory bandwidth: {:.1} GB/s", b / 1e9));
+        }
+        b
+    } else {
+        None
+    };
     let mut rng = StdRng::seed_from_u64(1234);
     let mut results = Vec::new();
     let tests = config
@@ -129,6 +214,11 @@ pub fn run(
             tokens_per_second: mean,
             stddev: sd,
             samples,
+            weight_bytes_per_token: per_token,
+            memory_bandwidth: bandwidth,
+            bandwidth_fraction: bandwidth
+                .filter(|_| !is_prompt)
+                .map(|b| per_token as f64 * mean / b),
         });
     }
     Ok(results)
@@ -165,7 +255,62 @@ pub fn mean_stddev(xs: &[f64]) -> (f64, f64) {
 
 #[cfg(test)]
 mod tests {
-    use super::mean_stddev;
+    use super::{file_weight_bytes_per_token, mean_stddev, memory_bandwidth};
+    use crate::arch;
+    use crate::gguf::GgufFile;
+    use crate::testing::{write_model, Dims, TinyArch, CHATML_TEMPLATE};
+    use candle_core::quantized::GgmlDType;
+    use candle_core::Device;
+
+    #[test]
+    fn a_decoded_token_reads_every_matrix_once() {
+        // A qwen2-shaped file of widths of its own, its vocabulary padded to 1000 tokens,
+        // output tied to the embeddings.
+        let dims = Dims {
+            hidden: 128,
+            ffn: 256,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 32,
+            layers: 2,
+            vocab: 1000,
+            output: false,
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.gguf");
+        write_model(
+            &path,
+            TinyArch::Qwen2,
+            &dims,
+            GgmlDType::Q8_0,
+            64,
+            CHATML_TEMPLATE,
+        );
+        let file = GgufFile::open(&path).expect("open");
+        let model = arch::load(&file, &Device::Cpu, 64).expect("load");
+        assert_eq!(model.vocab_size(), 1000);
+        // Q8_0: 34 bytes per 32 values. Per layer Q, K, V (128 + 64 + 64 rows), O, gate, up
+        // and down; then the tied output matrix, read whole.
+        let q8 = |values: usize| values / 32 * 34;
+        let layer = q8(256 * 128) + q8(128 * 128) + 3 * q8(256 * 128);
+        let matrices = 2 * layer + q8(1000 * 128);
+        assert_eq!(model.weight_bytes_per_token(), Some(matrices));
+        // The file's count adds the F32 norms (2 per layer and the output's) and the Q, K, V
+        // biases.
+        let vectors = 4 * (2 * (128 + 128 + 256) + 128);
+        assert_eq!(
+            file_weight_bytes_per_token(&file),
+            (matrices + vectors) as u64
+        );
+    }
+
+    #[test]
+    fn bandwidth_is_a_positive_rate() {
+        // 64 MiB on two threads: a rate in bytes per second, far from zero and from
+        // infinity (no speed target: this checks the measurement reads its buffer).
+        let b = memory_bandwidth(64 << 20, 2, 2).expect("64 MiB");
+        assert!(b > 1e8 && b < 1e13, "{b}");
+    }
 
     #[test]
     fn stats() {

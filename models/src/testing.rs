@@ -344,15 +344,131 @@ pub fn write_tiny_templated(
     context: u32,
     template: &str,
 ) {
-    let v = vocab();
+    write_model(path, arch, &Dims::tiny(arch), dtype, context, template);
+}
+
+/// The widths of a file [`write_model`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    /// Model width.
+    pub hidden: usize,
+    /// Feed-forward width.
+    pub ffn: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Tokens in the vocabulary: the tiny vocabulary, padded with placeholder tokens up to
+    /// this size (never fewer than the tiny vocabulary's own).
+    pub vocab: usize,
+    /// A separate `output.weight` (else the output is tied to the embeddings).
+    pub output: bool,
+}
+
+impl Dims {
+    /// The widths of the tiny file of `arch` (what [`write_tiny`] writes).
+    pub fn tiny(arch: TinyArch) -> Self {
+        let (hidden, ffn) = if arch == TinyArch::KQuants {
+            (256, 512)
+        } else {
+            (HIDDEN, FFN)
+        };
+        Self {
+            hidden,
+            ffn,
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: match arch {
+                TinyArch::Qwen3 => 32,
+                _ => hidden / HEADS,
+            },
+            layers: if arch == TinyArch::SmolLM3 { 4 } else { LAYERS },
+            vocab: 0,
+            output: matches!(arch, TinyArch::Llama3 | TinyArch::Qwen3 | TinyArch::Phi3),
+        }
+    }
+}
+
+/// A published model's shape, for speed measurements with random weights of its size
+/// (speed does not depend on the weights' values): [`write_model`] writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RealShape {
+    /// A short name (`llama-3.2-1b`).
+    pub name: &'static str,
+    /// The architecture whose tensors and metadata the file has.
+    pub arch: TinyArch,
+    /// Its widths, as the model's own config gives them.
+    pub dims: Dims,
+}
+
+/// Shapes of published models: Llama 3.2 1B (`config.json`: hidden 2048, 16 layers, 32
+/// heads, 8 KV heads, FFN 8192, vocabulary 128,256, tied output, Llama 3 rotary factors) and
+/// Qwen2.5 1.5B (hidden 1536, 28 layers, 12 heads, 2 KV heads, FFN 8960, vocabulary
+/// 151,936, tied output, biases on Q, K and V).
+pub const REAL_SHAPES: [RealShape; 2] = [
+    RealShape {
+        name: "llama-3.2-1b",
+        arch: TinyArch::Llama3,
+        dims: Dims {
+            hidden: 2048,
+            ffn: 8192,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 64,
+            layers: 16,
+            vocab: 128_256,
+            output: false,
+        },
+    },
+    RealShape {
+        name: "qwen2.5-1.5b",
+        arch: TinyArch::Qwen2,
+        dims: Dims {
+            hidden: 1536,
+            ffn: 8960,
+            heads: 12,
+            kv_heads: 2,
+            head_dim: 128,
+            layers: 28,
+            vocab: 151_936,
+            output: false,
+        },
+    },
+];
+
+/// Writes a random-weight GGUF of `arch` with widths `dims` (see [`write_tiny`]; the tiny
+/// files are `write_model(.., &Dims::tiny(arch), ..)`). Layer weights are scaled so that
+/// activations stay finite through many wide layers.
+///
+/// Panics on failure: this is for tests and benchmarks.
+pub fn write_model(
+    path: &Path,
+    arch: TinyArch,
+    dims: &Dims,
+    dtype: GgmlDType,
+    context: u32,
+    template: &str,
+) {
+    let mut v = vocab();
+    for i in v.tokens.len()..dims.vocab {
+        v.tokens.push(format!("<|placeholder_{i}|>"));
+        // USER_DEFINED: a whole token of its own, never merged into.
+        v.types.push(4);
+    }
     let n_vocab = v.tokens.len();
+    let (hidden, ffn, heads, kv_heads, head_dim) = (
+        dims.hidden,
+        dims.ffn,
+        dims.heads,
+        dims.kv_heads,
+        dims.head_dim,
+    );
     // The k-quant file is Q4_K_M's mix: Q4_K, with Q6_K for the embeddings, V and down
     // projections, and one Q5_K matrix.
-    let (hidden, ffn) = if arch == TinyArch::KQuants {
-        (256, 512)
-    } else {
-        (HIDDEN, FFN)
-    };
     let type_of = |name: &str| {
         if arch != TinyArch::KQuants {
             return dtype;
@@ -371,7 +487,14 @@ pub fn write_tiny_templated(
     // Random layers of width 256 turn the rounding of 8-bit activations (which differs
     // between llama.cpp's k-quant path and ours) into logit changes of 10% of their spread;
     // smaller layer weights keep the k-quant file's function smooth enough to compare.
-    let gain = if arch == TinyArch::KQuants { 0.3 } else { 1.0 };
+    // Wider layers are scaled down by the square root of their width beyond the tiny one.
+    let gain = if arch == TinyArch::KQuants {
+        0.3
+    } else if hidden > HIDDEN {
+        (HIDDEN as f64 / hidden as f64).sqrt()
+    } else {
+        1.0
+    };
     let qn = |name: &str, t: Tensor| {
         let t = if name.starts_with("blk.") {
             (t * gain).expect("scale")
@@ -394,11 +517,7 @@ pub fn write_tiny_templated(
         TinyArch::Llama => ones(n),
         _ => around(n, 1.0, seed),
     };
-    let head_dim = match arch {
-        TinyArch::Qwen3 => 32,
-        _ => hidden / HEADS,
-    };
-    let (q_width, kv) = (HEADS * head_dim, KV_HEADS * head_dim);
+    let (q_width, kv) = (heads * head_dim, kv_heads * head_dim);
     let mut tensors: Vec<(String, QTensor)> = vec![
         (
             "token_embd.weight".into(),
@@ -406,7 +525,7 @@ pub fn write_tiny_templated(
         ),
         ("output_norm.weight".into(), norm(hidden, 2)),
     ];
-    if matches!(arch, TinyArch::Llama3 | TinyArch::Qwen3 | TinyArch::Phi3) {
+    if dims.output {
         tensors.push((
             "output.weight".into(),
             qn("output", random((n_vocab, hidden), 3)),
@@ -431,7 +550,7 @@ pub fn write_tiny_templated(
         tensors.push(("rope_factors_short.weight".into(), factors(0.5)));
         tensors.push(("rope_factors_long.weight".into(), factors(20.0)));
     }
-    let layers = if arch == TinyArch::SmolLM3 { 4 } else { LAYERS };
+    let layers = dims.layers;
     for l in 0..layers {
         let s = 100 * (l as u64 + 1);
         let p = |n: &str| format!("blk.{l}.{n}.weight");
@@ -480,8 +599,8 @@ pub fn write_tiny_templated(
         (key("embedding_length"), Value::U32(hidden as u32)),
         (key("block_count"), Value::U32(layers as u32)),
         (key("feed_forward_length"), Value::U32(ffn as u32)),
-        (key("attention.head_count"), Value::U32(HEADS as u32)),
-        (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (key("attention.head_count"), Value::U32(heads as u32)),
+        (key("attention.head_count_kv"), Value::U32(kv_heads as u32)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
         (key("rope.freq_base"), Value::F32(10000.0)),
         (key("rope.dimension_count"), Value::U32(rot_dim as u32)),

@@ -43,6 +43,11 @@ pub trait Transformer: Send {
     fn max_seq_len(&self) -> usize;
     /// Size of the output vocabulary.
     fn vocab_size(&self) -> usize;
+    /// Bytes of weights one decoded token reads (every matrix once, one row of the token
+    /// embeddings), where the implementation knows its own layout; `None` otherwise.
+    fn weight_bytes_per_token(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Loads the transformer that `general.architecture` names.

@@ -158,6 +158,20 @@ fn tensor_err(name: &str, reason: impl std::fmt::Display) -> ModelError {
     }
 }
 
+/// Bytes of every layer's matrices.
+fn layer_bytes(layers: &[Layer]) -> usize {
+    layers
+        .iter()
+        .map(|l| {
+            l.qkv.iter().map(QMatrix::bytes).sum::<usize>()
+                + [&l.wo, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+        })
+        .sum()
+}
+
 /// Reads a 2-D weight into the kernels' layout, checking its shape.
 fn load_matrix(file: &GgufFile, name: &str, rows: usize, k: usize) -> Result<QMatrix> {
     Ok(load_row_blocks(file, name, &[rows], k)?.remove(0))
@@ -334,18 +348,8 @@ impl CpuLlama {
         if let Some(why) = ignored {
             tracing::warn!("{why}");
         }
-        let weight_bytes: usize = layers
-            .iter()
-            .map(|l| {
-                l.qkv.iter().map(QMatrix::bytes).sum::<usize>()
-                    + [&l.wo, &l.gate, &l.up, &l.down]
-                        .iter()
-                        .map(|m| m.bytes())
-                        .sum::<usize>()
-            })
-            .sum::<usize>()
-            + output.bytes()
-            + embeddings.as_ref().map_or(0, QMatrix::bytes);
+        let weight_bytes: usize =
+            layer_bytes(&layers) + output.bytes() + embeddings.as_ref().map_or(0, QMatrix::bytes);
         tracing::info!(
             ?isa,
             threads,
@@ -438,6 +442,17 @@ impl Transformer for CpuLlama {
 
     fn vocab_size(&self) -> usize {
         self.vocab
+    }
+
+    fn weight_bytes_per_token(&self) -> Option<usize> {
+        let layers = layer_bytes(&self.layers);
+        // One embedding row when the embeddings are a matrix of their own; tied, it is the
+        // output matrix, read whole anyway.
+        let row = self
+            .embeddings
+            .as_ref()
+            .map_or(0, |e| e.bytes() / self.vocab.max(1));
+        Some(layers + self.output.bytes() + row)
     }
 }
 
