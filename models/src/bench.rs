@@ -41,6 +41,8 @@ impl Default for BenchConfig {
 /// Bytes the bandwidth measurement reads per pass: far beyond the last-level cache of any
 /// CPU this runs on (server parts have up to a few hundred MiB).
 pub const BANDWIDTH_BUFFER: usize = 1 << 30;
+/// Passes of the bandwidth measurement; the best counts.
+pub const BANDWIDTH_PASSES: usize = 5;
 
 /// The machine's read bandwidth in bytes per second: the best of `passes` passes in which
 /// `threads` threads each sum their share of a `bytes`-long buffer (STREAM's read pattern,
@@ -87,8 +89,7 @@ pub fn file_weight_bytes_per_token(file: &GgufFile) -> u64 {
     infos
         .iter()
         .map(|(name, info)| {
-            let block = info.ggml_dtype.block_size().max(1);
-            let bytes = (info.shape.elem_count() / block * info.ggml_dtype.type_size()) as u64;
+            let bytes = crate::gguf::tensor_bytes(info);
             if name == "token_embd.weight" && !tied {
                 bytes / info.shape.dims().first().copied().unwrap_or(1).max(1) as u64
             } else {
@@ -156,8 +157,11 @@ pub fn run(
         .map_or_else(|| file_weight_bytes_per_token(&file), |b| b as u64);
     let generates = config.gen_tokens.iter().any(|&n| n > 0);
     let bandwidth = if config.bandwidth && generates {
-        progress("memory bandwidth: reading 1 GiB");
-        let b = memory_bandwidth(BANDWIDTH_BUFFER, threads, 5);
+        progress(&format!(
+            "memory bandwidth: reading {} MiB",
+            BANDWIDTH_BUFFER >> 20
+        ));
+        let b = memory_bandwidth(BANDWIDTH_BUFFER, threads, BANDWIDTH_PASSES);
         if let Some(b) = b {
             progress(&format!("memory bandwidth: {:.1} GB/s", b / 1e9));
         }

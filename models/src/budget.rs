@@ -150,8 +150,9 @@ pub fn installed() -> bool {
 /// go back to the system when freed and the cache's unused pages are never touched; after
 /// it the threshold is fixed at 32 MiB (glibc's own ceiling), so buffers allocated per
 /// token (a vocabulary's logits) keep coming from the heap without a system call. Peak RSS
-/// of the 135M model generating 128 tokens: 148 MB before, 140 MB with this (llama.cpp's
-/// llama-simple: 128 MB). A plain call of `load` on other C libraries.
+/// of `starling generate` with the 135M model for 128 tokens (debug build): 148 MB before,
+/// 138 MB with this (llama.cpp's llama-simple: 128 MB). A plain call of `load` on other C
+/// libraries.
 pub fn load_in_own_pages<T>(load: impl FnOnce() -> T) -> T {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets glibc's tuning parameters; it takes no pointers.

@@ -111,7 +111,7 @@ impl GgufFile {
                     ),
                 });
             }
-            let bytes = (elems / block) as u64 * info.ggml_dtype.type_size() as u64;
+            let bytes = tensor_bytes(info);
             let end = self.content.tensor_data_offset + info.offset + bytes;
             if end > len {
                 return Err(ModelError::BadGguf {
@@ -124,4 +124,14 @@ impl GgufFile {
         }
         Ok(())
     }
+}
+
+/// Bytes of a tensor's data: whole blocks of its type (0 for a type without blocks, which
+/// [`GgufFile::open`] refuses).
+pub fn tensor_bytes(info: &gguf_file::TensorInfo) -> u64 {
+    let block = info.ggml_dtype.block_size();
+    if block == 0 {
+        return 0;
+    }
+    (info.shape.elem_count() / block) as u64 * info.ggml_dtype.type_size() as u64
 }

@@ -34,8 +34,8 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Skip measuring the machine's read bandwidth (it reads a 1 GiB buffer, about a
-    /// second; the table then has no bandwidth column).
+    /// Skip measuring the machine's read bandwidth (it reads a 1 GiB buffer five times,
+    /// about a second; the table's bandwidth column is then empty).
     #[arg(long)]
     no_bandwidth: bool,
 }
@@ -60,9 +60,11 @@ pub fn run(home: &Path, args: BenchArgs) -> anyhow::Result<()> {
     println!("CPU: {}", cpu_flags());
     if let Some(b) = results.first().and_then(|r| r.memory_bandwidth) {
         println!(
-            "read bandwidth: {:.1} GB/s ({} threads, best of 5 passes over 1 GiB)",
+            "read bandwidth: {:.1} GB/s ({} threads, best of {} passes over {} MiB)",
             b / 1e9,
-            results[0].threads
+            results[0].threads,
+            bench::BANDWIDTH_PASSES,
+            bench::BANDWIDTH_BUFFER >> 20
         );
     }
     println!(
