@@ -62,7 +62,13 @@ pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Box<
                 Ok(Box::new(llama::Llama::load(file, device, max_seq_len)?))
             }
         },
-        "gemma3" => Ok(Box::new(gemma3::Gemma3::load(file, device, max_seq_len)?)),
+        "gemma3" => match cpu::eligible(file, device) {
+            Ok(()) => Ok(Box::new(cpu::CpuLlama::load(file, max_seq_len, 0)?)),
+            Err(reason) => {
+                tracing::info!(%reason, arch = "gemma3", "using the candle implementation");
+                Ok(Box::new(gemma3::Gemma3::load(file, device, max_seq_len)?))
+            }
+        },
         other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
     }
 }

@@ -122,7 +122,27 @@ pub struct LlamaShape {
     /// Layers `step − 1, 2·step − 1, …` skip the rotary embedding (smollm3: 4); 0 when
     /// every layer rotates.
     pub no_rope_step: usize,
+    /// Gemma 3's differences from the llama layout, when the file is `gemma3`.
+    pub gemma: Option<GemmaShape>,
 }
+
+/// What a `gemma3` file adds to the llama-shaped layout.
+#[derive(Clone, Debug)]
+pub struct GemmaShape {
+    /// Positions a sliding-window layer attends to (its own and the `window − 1` before).
+    pub window: usize,
+    /// The rotary embedding of the sliding-window layers (the global layers use
+    /// [`LlamaShape::rope`]).
+    pub local_rope: Rope,
+    /// Factor the token embeddings are multiplied by: `sqrt(width)`.
+    pub embed_scale: f32,
+}
+
+/// Every sixth layer of Gemma 3 (the 6th, 12th, …) attends globally; the others use the
+/// sliding window (as llama.cpp and the reference implementation fix it for `gemma3`).
+const GEMMA_SWA_PATTERN: usize = 6;
+/// Rotary base of Gemma 3's sliding-window layers.
+const GEMMA_LOCAL_ROPE_BASE: f32 = 10_000.0;
 
 fn metadata_err(key: &str, reason: impl Into<String>) -> ModelError {
     ModelError::Metadata {
@@ -167,7 +187,7 @@ impl LlamaShape {
         let arch = file.architecture()?;
         let style = match arch.as_str() {
             "llama" | "smollm3" => RopeStyle::Interleaved,
-            "qwen2" | "qwen3" | "phi3" => RopeStyle::Halves,
+            "qwen2" | "qwen3" | "phi3" | "gemma3" => RopeStyle::Halves,
             _ => return Err(ModelError::UnsupportedArchitecture(arch)),
         };
         let ct = file.content();
@@ -180,9 +200,19 @@ impl LlamaShape {
         let n_layer = md_u32(ct, &key("block_count"))? as usize;
         let hidden = md_u32(ct, &key("embedding_length"))? as usize;
         let ffn = md_u32(ct, &key("feed_forward_length"))? as usize;
-        let ctx = md_u32(ct, &key("context_length")).unwrap_or(4096) as usize;
-        let eps = md_f32_or(ct, &key("attention.layer_norm_rms_epsilon"), 1e-5)?;
-        let base = md_f32_or(ct, &key("rope.freq_base"), 10_000.0)?;
+        let gemma = arch == "gemma3";
+        let ctx = md_u32(ct, &key("context_length")).unwrap_or(if gemma { 32_768 } else { 4096 })
+            as usize;
+        let eps = md_f32_or(
+            ct,
+            &key("attention.layer_norm_rms_epsilon"),
+            if gemma { 1e-6 } else { 1e-5 },
+        )?;
+        let base = md_f32_or(
+            ct,
+            &key("rope.freq_base"),
+            if gemma { 1_000_000.0 } else { 10_000.0 },
+        )?;
         if n_head == 0 || n_kv == 0 || !n_head.is_multiple_of(n_kv) {
             return Err(metadata_err(
                 &key("attention.head_count"),
@@ -236,6 +266,8 @@ impl LlamaShape {
         let max_seq = max_seq_len.min(ctx).max(1);
         let has_long = file.has_tensor("rope_factors_long.weight");
         let linear = match md_string(ct, &key("rope.scaling.type"))?.as_deref() {
+            // Gemma 3's converter writes the global layers' linear factor without a type.
+            None if gemma => md_f32_or(ct, &key("rope.scaling.factor"), 1.0)?.max(1.0),
             None | Some("none") => 1.0,
             Some("linear") => md_f32_or(ct, &key("rope.scaling.factor"), 1.0)?.max(1.0),
             Some("longrope") if has_long => 1.0,
@@ -278,12 +310,41 @@ impl LlamaShape {
         let qk_norm = file.has_tensor("blk.0.attn_q_norm.weight");
         let fused_qkv = file.has_tensor("blk.0.attn_qkv.weight");
         let fused_gate_up = !file.has_tensor("blk.0.ffn_gate.weight");
-        if arch == "qwen3" && !qk_norm {
+        if (arch == "qwen3" || gemma) && !qk_norm {
             return Err(ModelError::Tensor {
                 name: "blk.0.attn_q_norm.weight".into(),
-                reason: "missing (qwen3 normalises query and key heads)".into(),
+                reason: format!("missing ({arch} normalises query and key heads)"),
             });
         }
+        let gemma = if gemma {
+            if fused_qkv || fused_gate_up || qkv_bias {
+                return Err(metadata_err(
+                    "general.architecture",
+                    "a gemma3 file has separate Q, K, V, gate and up matrices and no biases",
+                ));
+            }
+            let window = md_u32(ct, &key("attention.sliding_window"))? as usize;
+            if window == 0 {
+                return Err(metadata_err(
+                    &key("attention.sliding_window"),
+                    "a sliding window of 0 positions",
+                ));
+            }
+            Some(GemmaShape {
+                window,
+                local_rope: Rope {
+                    style,
+                    dims: rot_dim,
+                    base: GEMMA_LOCAL_ROPE_BASE,
+                    linear: 1.0,
+                    factors: None,
+                    attn_factor: 1.0,
+                },
+                embed_scale: (hidden as f32).sqrt(),
+            })
+        } else {
+            None
+        };
         Ok(Self {
             n_head,
             n_kv,
@@ -307,6 +368,7 @@ impl LlamaShape {
             fused_gate_up,
             // As llama.cpp, which fixes SmolLM3's step rather than reading it.
             no_rope_step: if arch == "smollm3" { 4 } else { 0 },
+            gemma,
             arch,
         })
     }
@@ -324,6 +386,15 @@ impl LlamaShape {
     /// Whether layer `layer` rotates its queries and keys.
     pub fn rotates(&self, layer: usize) -> bool {
         self.no_rope_step == 0 || !(layer + 1).is_multiple_of(self.no_rope_step)
+    }
+
+    /// The sliding window layer `layer` attends within, if it has one (Gemma 3's local
+    /// layers); `None` for global attention.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.gemma
+            .as_ref()
+            .filter(|_| !(layer + 1).is_multiple_of(GEMMA_SWA_PATTERN))
+            .map(|g| g.window)
     }
 
     /// Names of layer `i`'s 2-D weight matrices as the file stores them.

@@ -9,6 +9,8 @@
 
 #![allow(unsafe_code)]
 
+use std::ops::Range;
+
 use super::ops;
 use super::pool::{Disjoint, Pool};
 use crate::arch::shape::{Rope, RopeStyle};
@@ -50,6 +52,11 @@ pub(crate) struct Attention {
     rot: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Tables of the sliding-window layers' own rotary embedding (Gemma 3), when they
+    /// have one.
+    local: Option<(Vec<f32>, Vec<f32>)>,
+    /// Per layer, the sliding window it attends within (`None`: every earlier position).
+    windows: Vec<Option<usize>>,
     scores: Vec<f32>,
     threads: usize,
 }
@@ -82,9 +89,30 @@ impl Attention {
             rot: rope.dims,
             cos,
             sin,
+            local: None,
+            windows: vec![None; n_layer],
             scores: vec![0.0; threads * cap],
             threads,
         }
+    }
+
+    /// Gives the layers that have one a sliding window (`windows`, one entry per layer)
+    /// and makes them rotate by `local` (same style and width as the global rotation).
+    pub(crate) fn with_sliding_windows(
+        mut self,
+        windows: Vec<Option<usize>>,
+        local: &Rope,
+    ) -> Self {
+        assert!(
+            windows.len() == self.layers.len()
+                && local.style == self.style
+                && local.dims == self.rot
+                && windows.iter().all(|w| w.is_none_or(|w| w > 0)),
+            "one positive window or none per layer, and a rotation of the same shape"
+        );
+        self.windows = windows;
+        self.local = Some(local.tables(self.cap));
+        self
     }
 
     /// Rotates the queries and keys of `seq` rows of `qkv` (positions `pos..`), scales the
@@ -110,11 +138,15 @@ impl Attention {
         let half = self.rot / 2;
         let scale = 1.0 / (d as f32).sqrt();
         let cache = &mut self.layers[layer];
+        let (cos_t, sin_t) = match (&self.local, self.windows[layer]) {
+            (Some((c, s)), Some(_)) => (c, s),
+            _ => (&self.cos, &self.sin),
+        };
         for c in 0..seq {
             let p = pos + c;
             let (cos, sin) = (
-                &self.cos[p * half..(p + 1) * half],
-                &self.sin[p * half..(p + 1) * half],
+                &cos_t[p * half..(p + 1) * half],
+                &sin_t[p * half..(p + 1) * half],
             );
             let row = &mut qkv[c * width..(c + 1) * width];
             let (q, kv) = row.split_at_mut(n_head * d);
@@ -149,7 +181,8 @@ impl Attention {
     }
 
     /// Causal attention of `seq` queries (rows of `qkv`, already stored with [`Self::store`]
-    /// at positions `pos..`) over the cached keys, written to `out` (`seq × n_head·head_dim`).
+    /// at positions `pos..`) over the cached keys (within the layer's sliding window, if it
+    /// has one), written to `out` (`seq × n_head·head_dim`).
     pub(crate) fn attend(
         &mut self,
         pool: &Pool,
@@ -168,12 +201,14 @@ impl Attention {
             "score buffers were sized for fewer threads"
         );
         let cache = &self.layers[layer];
+        let window = self.windows[layer];
         let out = Disjoint::new(out);
         let scores = Disjoint::new(&mut self.scores);
         let one = |c: usize, h: usize, scratch: &mut [f32]| {
             let g = h / n_rep;
             let q = &qkv[c * width + h * d..c * width + (h + 1) * d];
-            let keys = pos + c + 1;
+            let end = pos + c + 1;
+            let keys = window.map_or(0, |w| end.saturating_sub(w))..end;
             let kc = &cache.k[g * cap * d..(g + 1) * cap * d];
             let vc = &cache.v[g * cap * d..(g + 1) * cap * d];
             // SAFETY: every (token, head) pair belongs to exactly one chunk, hence one thread,
@@ -182,6 +217,7 @@ impl Attention {
             match d {
                 64 => head::<64>(q, kc, vc, keys, scratch, o),
                 128 => head::<128>(q, kc, vc, keys, scratch, o),
+                256 => head::<256>(q, kc, vc, keys, scratch, o),
                 _ => head_any(d, q, kc, vc, keys, scratch, o),
             }
         };
@@ -247,18 +283,24 @@ fn arr<const N: usize>(s: &[f32]) -> &[f32; N] {
         .unwrap_or_else(|_| unreachable!("slices are cut to {N} values"))
 }
 
-/// One query head against `keys` cached positions, for a head size known at compile time.
+/// One query head against the cached positions `keys`, for a head size known at compile
+/// time.
 fn head<const D: usize>(
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
-    keys: usize,
+    keys: Range<usize>,
     scratch: &mut [f32],
     out: &mut [f32],
 ) {
     let q: &[f32; D] = arr(q);
-    let blocks = keys.div_ceil(KB);
-    for (blk, sc) in scratch[..blocks * KB].chunks_exact_mut(KB).enumerate() {
+    let first = keys.start / KB;
+    let blocks = keys.end.div_ceil(KB);
+    for (blk, sc) in scratch[..blocks * KB]
+        .chunks_exact_mut(KB)
+        .enumerate()
+        .skip(first)
+    {
         let kb = &kc[blk * D * KB..(blk + 1) * D * KB];
         // Four independent accumulators hide the multiply-add latency.
         let (mut a0, mut a1, mut a2, mut a3) = ([0f32; KB], [0f32; KB], [0f32; KB], [0f32; KB]);
@@ -272,12 +314,12 @@ fn head<const D: usize>(
             sc[j] = (a0[j] + a1[j]) + (a2[j] + a3[j]);
         }
     }
-    let sc = &mut scratch[..keys];
+    let sc = &mut scratch[keys.clone()];
     let sum = ops::softmax_unnormalised(sc);
     let mut a0 = [0f32; D];
     let mut a1 = [0f32; D];
     let mut pairs = sc.chunks_exact(2);
-    let mut rows = vc[..keys * D].chunks_exact(2 * D);
+    let mut rows = vc[keys.start * D..keys.end * D].chunks_exact(2 * D);
     for (p, v) in (&mut pairs).zip(&mut rows) {
         let (v0, v1): (&[f32; D], &[f32; D]) = (arr(&v[..D]), arr(&v[D..]));
         for i in 0..D {
@@ -288,7 +330,7 @@ fn head<const D: usize>(
         }
     }
     if let [p] = pairs.remainder() {
-        let v0: &[f32; D] = arr(&vc[(keys - 1) * D..keys * D]);
+        let v0: &[f32; D] = arr(&vc[(keys.end - 1) * D..keys.end * D]);
         for i in 0..D {
             a0[i] += p * v0[i];
         }
@@ -305,12 +347,17 @@ fn head_any(
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
-    keys: usize,
+    keys: Range<usize>,
     scratch: &mut [f32],
     out: &mut [f32],
 ) {
-    let blocks = keys.div_ceil(KB);
-    for (blk, sc) in scratch[..blocks * KB].chunks_exact_mut(KB).enumerate() {
+    let first = keys.start / KB;
+    let blocks = keys.end.div_ceil(KB);
+    for (blk, sc) in scratch[..blocks * KB]
+        .chunks_exact_mut(KB)
+        .enumerate()
+        .skip(first)
+    {
         let kb = &kc[blk * d * KB..(blk + 1) * d * KB];
         let mut acc = [0f32; KB];
         for (i, row) in kb.chunks_exact(KB).enumerate() {
@@ -320,10 +367,10 @@ fn head_any(
         }
         sc.copy_from_slice(&acc);
     }
-    let sc = &mut scratch[..keys];
+    let sc = &mut scratch[keys.clone()];
     let sum = ops::softmax_unnormalised(sc);
     out.fill(0.0);
-    for (j, &p) in sc.iter().enumerate() {
+    for (j, &p) in keys.zip(sc.iter()) {
         for (o, v) in out.iter_mut().zip(&vc[j * d..(j + 1) * d]) {
             *o += p * v;
         }

@@ -1,14 +1,14 @@
 //! A CPU implementation of the llama-shaped family ([`crate::arch::shape`]: llama, smollm3,
-//! qwen2, qwen3, phi3) built for speed: weights stay quantised (Q8_0, Q4_0, Q4_1, and Q4_K
-//! repacked as 4-bit blocks of 32 with their own scale and minimum; Q5_K and Q6_K become
-//! Q8_0 in memory) in a layout made for integer SIMD dot products, activations are
+//! qwen2, qwen3, phi3, gemma3) built for speed: weights stay quantised (Q8_0, Q4_0, Q4_1, and Q4_K
+//! repacked as 4-bit blocks of 32 with their own scale and minimum; Q5_0, Q5_1, Q5_K and
+//! Q6_K become Q8_0 in memory) in a layout made for integer SIMD dot products, activations are
 //! quantised to 8-bit blocks once per matmul input, Q/K/V share one matrix product and
 //! gate/up another, the KV cache is preallocated and written in place, scratch buffers are
 //! reused so a decode step does not allocate (besides the returned logits), and the work of
 //! every matmul is split over a persistent pool of spinning worker threads.
 //!
-//! It computes the same function as [`super::llama::Llama`] (the candle implementation),
-//! which stays available for other devices and weight types.
+//! It computes the same function as [`super::llama::Llama`] and [`super::gemma3::Gemma3`]
+//! (the candle implementations), which stay available for other devices and weight types.
 
 mod attention;
 pub(crate) mod bert;
@@ -25,7 +25,7 @@ use self::attention::{Attention, Dims};
 pub use self::kernels::Isa;
 use self::kernels::BLOCK;
 use self::pool::Pool;
-use self::quant::{Epilogue, QActs, QMatrix};
+use self::quant::{Epilogue, Gate, QActs, QMatrix};
 use super::shape::LlamaShape;
 use super::Transformer;
 use crate::error::{ModelError, Result};
@@ -45,9 +45,17 @@ const KERNEL_TYPES: [GgmlDType; 4] = [
 ];
 
 /// Weight types converted to Q8_0 in memory at load time: the rest of the Q4_K_M and Q5_K_M
-/// mixes. Q8_0's step is at most a quarter of Q6_K's (its 8 bits cover the block's largest
-/// value, Q6_K's 6 bits the same range with finer 16-value scales), so little is lost.
-const CONVERTED_TYPES: [GgmlDType; 2] = [GgmlDType::Q5K, GgmlDType::Q6K];
+/// mixes, and Q5_0/Q5_1, which llama-quantize puts in those mixes wherever a row is not a
+/// multiple of 256 values (most of SmolLM2's and Gemma 3 270M's matrices). Q8_0's step is at
+/// most a quarter of Q6_K's (its 8 bits cover the block's largest value, Q6_K's 6 bits the
+/// same range with finer 16-value scales) and an eighth of Q5_0's over the same 32 values,
+/// so little is lost.
+const CONVERTED_TYPES: [GgmlDType; 4] = [
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
 
 /// Whether [`super::load`] should use this implementation for `file` on `device`: a
 /// llama-shaped model on the CPU whose weight matrices all have a kernel here, on a CPU with
@@ -110,10 +118,14 @@ struct Layer {
     /// The layer applies the rotary embedding (not one of smollm3's NoPE layers).
     rotates: bool,
     wo: QMatrix,
+    /// RMSNorm weights of the attention output before it joins the residual (gemma3).
+    post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     gate: QMatrix,
     up: QMatrix,
     down: QMatrix,
+    /// RMSNorm weights of the feed-forward output before it joins the residual (gemma3).
+    post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// Buffers reused by every forward pass, grown to the largest batch seen.
@@ -124,6 +136,8 @@ struct Scratch {
     att: Vec<f32>,
     ffn: Vec<f32>,
     ffn_up: Vec<f32>,
+    /// A block's output before its post-norm (gemma3), `tokens × hidden`.
+    post: Vec<f32>,
     acts: QActs,
     /// Attention outputs (all query heads), when their width is not the model's.
     acts_att: Option<QActs>,
@@ -143,6 +157,10 @@ pub struct CpuLlama {
     hidden: usize,
     ffn: usize,
     eps: f32,
+    /// The feed-forward's gate function.
+    gate: Gate,
+    /// Factor the token embeddings are multiplied by (gemma3: `sqrt(hidden)`).
+    embed_scale: Option<f32>,
     vocab: usize,
     max_seq: usize,
     len: usize,
@@ -322,8 +340,17 @@ impl CpuLlama {
                     load_matrix(file, &name("ffn_up"), ffn, hidden)?,
                 )
             };
+            let post_norm = |s: &str| -> Result<Option<Vec<f32>>> {
+                shape
+                    .gemma
+                    .is_some()
+                    .then(|| load_vector(file, &name(s), hidden))
+                    .transpose()
+            };
             layers.push(Layer {
                 attn_norm: load_vector(file, &name("attn_norm"), hidden)?,
+                post_attn_norm: post_norm("post_attention_norm")?,
+                post_ffn_norm: post_norm("post_ffw_norm")?,
                 qkv,
                 qkv_bias,
                 qk_norm,
@@ -359,16 +386,27 @@ impl CpuLlama {
             arch = %shape.arch,
             "CPU llama-family backend loaded"
         );
+        let mut attention = Attention::new(dims, n_layer, max_seq, &shape.rope, threads);
+        if let Some(g) = &shape.gemma {
+            let windows = (0..n_layer).map(|i| shape.window(i)).collect();
+            attention = attention.with_sliding_windows(windows, &g.local_rope);
+        }
         Ok(Self {
             layers,
             embeddings,
             output,
             output_norm: load_vector(file, "output_norm.weight", hidden)?,
-            attention: Attention::new(dims, n_layer, max_seq, &shape.rope, threads),
+            attention,
             dims,
             hidden,
             ffn,
             eps: shape.eps,
+            gate: if shape.gemma.is_some() {
+                Gate::GeluTanh
+            } else {
+                Gate::Silu
+            },
+            embed_scale: shape.gemma.as_ref().map(|g| g.embed_scale),
             vocab,
             max_seq,
             len: 0,
@@ -379,6 +417,7 @@ impl CpuLlama {
                 att: Vec::new(),
                 ffn: Vec::new(),
                 ffn_up: Vec::new(),
+                post: Vec::new(),
                 acts: QActs::new(hidden),
                 acts_att: (q_width != hidden).then(|| QActs::new(q_width)),
                 acts_ffn: QActs::new(ffn),
@@ -411,6 +450,9 @@ impl CpuLlama {
             .resize(seq * self.dims.n_head * self.dims.head_dim, 0.0);
         s.ffn.resize(seq * self.ffn, 0.0);
         s.ffn_up.resize(seq * self.ffn, 0.0);
+        if self.layers.iter().any(|l| l.post_attn_norm.is_some()) {
+            s.post.resize(seq * self.hidden, 0.0);
+        }
         s.acts.reserve(seq);
         if let Some(a) = &mut s.acts_att {
             a.reserve(seq);
@@ -470,7 +512,11 @@ impl CpuLlama {
         let s = &mut self.scratch;
         let pool = &self.pool;
         for (c, &t) in tokens.iter().enumerate() {
-            embeddings.dequantize_row(t as usize, &mut s.x[c * hidden..(c + 1) * hidden]);
+            let row = &mut s.x[c * hidden..(c + 1) * hidden];
+            embeddings.dequantize_row(t as usize, row);
+            if let Some(f) = self.embed_scale {
+                row.iter_mut().for_each(|v| *v *= f);
+            }
         }
         for (li, layer) in self.layers.iter().enumerate() {
             quant::quantize(pool, &s.x, seq, Some((&layer.attn_norm, eps)), &mut s.acts);
@@ -504,20 +550,20 @@ impl CpuLlama {
                 .attend(pool, li, &s.qkv, seq, pos, &mut s.att);
             let att_acts = s.acts_att.as_mut().unwrap_or(&mut s.acts);
             quant::quantize(pool, &s.att, seq, None, att_acts);
-            quant::matmul(
+            residual(
                 pool,
                 isa,
                 &layer.wo,
                 att_acts,
                 seq,
                 &mut s.x,
-                hidden,
-                Epilogue::Add,
+                (layer.post_attn_norm.as_deref(), eps, &mut s.post),
             );
             quant::quantize(pool, &s.x, seq, Some((&layer.ffn_norm, eps)), &mut s.acts);
-            quant::swiglu(
+            quant::gated(
                 pool,
                 isa,
+                self.gate,
                 &layer.gate,
                 &layer.up,
                 &s.acts,
@@ -526,15 +572,14 @@ impl CpuLlama {
                 &mut s.ffn_up,
             );
             quant::quantize(pool, &s.ffn, seq, None, &mut s.acts_ffn);
-            quant::matmul(
+            residual(
                 pool,
                 isa,
                 &layer.down,
                 &s.acts_ffn,
                 seq,
                 &mut s.x,
-                hidden,
-                Epilogue::Add,
+                (layer.post_ffn_norm.as_deref(), eps, &mut s.post),
             );
         }
         self.len = pos + seq;
@@ -560,6 +605,36 @@ impl CpuLlama {
             Epilogue::Store,
         );
         Ok(s.logits.clone())
+    }
+}
+
+/// Adds `w · acts` to the residual stream `x` (`seq` rows of `w.rows()` values), through an
+/// RMSNorm with `post.0`'s weights first when there is one (gemma3), using `post.2` as room
+/// for the unnormalised product.
+fn residual(
+    pool: &Pool,
+    isa: Isa,
+    w: &QMatrix,
+    acts: &QActs,
+    seq: usize,
+    x: &mut [f32],
+    post: (Option<&[f32]>, f32, &mut [f32]),
+) {
+    let hidden = w.rows();
+    match post {
+        (None, ..) => quant::matmul(pool, isa, w, acts, seq, x, hidden, Epilogue::Add),
+        (Some(norm), eps, buf) => {
+            quant::matmul(pool, isa, w, acts, seq, buf, hidden, Epilogue::Store);
+            for (y, x) in buf[..seq * hidden]
+                .chunks_exact(hidden)
+                .zip(x.chunks_exact_mut(hidden))
+            {
+                let g = ops::rms_gain(y, eps);
+                for ((x, &y), &n) in x.iter_mut().zip(y).zip(norm) {
+                    *x += y * g * n;
+                }
+            }
+        }
     }
 }
 

@@ -27,6 +27,17 @@ pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
+/// GELU with the tanh approximation (PyTorch's `gelu(approximate="tanh")`, Gemma's
+/// `gelu_pytorch_tanh`, candle's `gelu`): `x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))`,
+/// with `tanh(y) = 1 − 2/(e^{2y} + 1)` so that loops over it vectorise.
+#[inline(always)]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let y = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+    let tanh = 1.0 - 2.0 / (exp(2.0 * y) + 1.0);
+    0.5 * x * (1.0 + tanh)
+}
+
 /// `1 / sqrt(mean(x²) + eps)`: the factor RMS normalisation multiplies a row by.
 pub(crate) fn rms_gain(x: &[f32], eps: f32) -> f32 {
     let mut acc = [0f32; 16];
@@ -72,10 +83,19 @@ mod tests {
     }
 
     #[test]
-    fn silu_and_rms() {
+    fn silu_gelu_and_rms() {
         for x in [-20.0f32, -1.0, 0.0, 0.5, 3.0, 30.0] {
             let want = x / (1.0 + (-x).exp());
             assert!((silu(x) - want).abs() <= 1e-6 * want.abs().max(1.0));
+        }
+        for x in [-30.0f32, -3.0, -1.0, -0.1, 0.0, 0.2, 1.0, 2.5, 30.0] {
+            let y = 0.797_884_6_f32 * (x + 0.044_715 * x * x * x);
+            let want = 0.5 * x * (1.0 + y.tanh());
+            assert!(
+                (gelu_tanh(x) - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "gelu({x}) = {}, want {want}",
+                gelu_tanh(x)
+            );
         }
         let x: Vec<f32> = (0..37).map(|i| i as f32 - 18.0).collect();
         let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / 37.0;

@@ -539,12 +539,22 @@ pub(crate) fn matmul(
     });
 }
 
-/// The gated feed-forward input: `out[c][i] = silu(gate·a)[i] · (up·a)[i]`; `up_buf` (same
+/// The function a gated feed-forward applies to its gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// SwiGLU (llama, qwen, phi3).
+    Silu,
+    /// GeGLU with tanh-approximated GELU (gemma3).
+    GeluTanh,
+}
+
+/// The gated feed-forward input: `out[c][i] = act(gate·a)[i] · (up·a)[i]`; `up_buf` (same
 /// size as `out`) holds the up projection.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn swiglu(
+pub(crate) fn gated(
     pool: &Pool,
     isa: Isa,
+    act: Gate,
     gate: &QMatrix,
     up: &QMatrix,
     acts: &QActs,
@@ -580,8 +590,17 @@ pub(crate) fn swiglu(
                     up_out.part(c * n + rows.start, rows.len()),
                 )
             };
-            for (g, &u) in g.iter_mut().zip(u.iter()) {
-                *g = ops::silu(*g) * u;
+            match act {
+                Gate::Silu => {
+                    for (g, &u) in g.iter_mut().zip(u.iter()) {
+                        *g = ops::silu(*g) * u;
+                    }
+                }
+                Gate::GeluTanh => {
+                    for (g, &u) in g.iter_mut().zip(u.iter()) {
+                        *g = ops::gelu_tanh(*g) * u;
+                    }
+                }
             }
         }
     });

@@ -6,6 +6,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::Device;
 
 use super::CpuLlama;
+use crate::arch::gemma3::Gemma3;
 use crate::arch::llama::Llama;
 use crate::arch::Transformer;
 use crate::gguf::GgufFile;
@@ -17,7 +18,8 @@ fn model_path() -> Option<PathBuf> {
 }
 
 /// Ids of a short English text, looked up word by word in the model's vocabulary (GPT-2
-/// style `Ġword` tokens), so that the logits are as peaked as on real prompts.
+/// style `Ġword` or SentencePiece `▁word` tokens), so that the logits are as peaked as on
+/// real prompts.
 fn prompt(file: &GgufFile) -> Vec<u32> {
     let text = "The quick brown fox jumps over the lazy dog . Once upon a time there was a little girl who lived in a village near the forest . She";
     let vocab = match file.content().metadata.get("tokenizer.ggml.tokens") {
@@ -29,12 +31,15 @@ fn prompt(file: &GgufFile) -> Vec<u32> {
     };
     let mut ids = Vec::new();
     for (i, w) in text.split(' ').enumerate() {
-        let tok = if i == 0 {
-            w.to_string()
+        let forms = if i == 0 {
+            [w.to_string(), format!("▁{w}")]
         } else {
-            format!("Ġ{w}")
+            [format!("Ġ{w}"), format!("▁{w}")]
         };
-        if let Some(id) = vocab.iter().position(|t| *t == tok) {
+        if let Some(id) = forms
+            .iter()
+            .find_map(|tok| vocab.iter().position(|t| t == tok))
+        {
             ids.push(id as u32);
         }
     }
@@ -113,8 +118,8 @@ fn compare(step: &Step<'_>) -> (f64, f64) {
 /// The implementation under test and its two references, fed the same tokens.
 struct Trio {
     name: String,
-    exact: Llama,
-    candle: Llama,
+    exact: Box<dyn Transformer>,
+    candle: Box<dyn Transformer>,
     cpu: CpuLlama,
     /// Σ (1 − cosine to exact) over the steps so far: ours, candle's.
     error: (f64, f64),
@@ -163,6 +168,15 @@ impl Trio {
     }
 }
 
+/// The candle implementation of `file`'s architecture.
+fn candle_impl(file: &GgufFile, max_seq: usize) -> Box<dyn Transformer> {
+    if file.architecture().expect("architecture") == "gemma3" {
+        Box::new(Gemma3::load(file, &Device::Cpu, max_seq).expect("candle gemma3 load"))
+    } else {
+        Box::new(Llama::load(file, &Device::Cpu, max_seq).expect("candle load"))
+    }
+}
+
 /// Prefill, 20 greedy decode steps, then a rollback to a shorter prefix and a different
 /// continuation, comparing the CPU implementation with candle on the same file and with
 /// candle on `exact` (the same weights stored as f32, so no quantised arithmetic at all).
@@ -174,13 +188,8 @@ fn check_against_candle(path: &Path, exact: &Path) {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        exact: Llama::load(
-            &GgufFile::open(exact).expect("open f32 copy"),
-            &Device::Cpu,
-            256,
-        )
-        .expect("f32 load"),
-        candle: Llama::load(&file, &Device::Cpu, 256).expect("candle load"),
+        exact: candle_impl(&GgufFile::open(exact).expect("open f32 copy"), 256),
+        candle: candle_impl(&file, 256),
         cpu: CpuLlama::load(&file, 256, 2).expect("cpu load"),
         error: (0.0, 0.0),
         steps: 0,
@@ -225,7 +234,16 @@ fn convert(src: &Path, from: &[GgmlDType], target: GgmlDType, out: &Path) {
     gguf_file::write(&mut w, &metadata, &refs).expect("write gguf");
 }
 
-const QUANTISED: [GgmlDType; 3] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q8_0];
+const QUANTISED: [GgmlDType; 8] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
 
 #[test]
 fn matches_candle_on_real_model() {
@@ -234,6 +252,51 @@ fn matches_candle_on_real_model() {
     let exact = dir.path().join("model-f32.gguf");
     convert(&path, &QUANTISED, GgmlDType::F32, &exact);
     check_against_candle(&path, &exact);
+}
+
+/// Gemma 3 (the second default chat model: Q4_K, Q6_K, Q5_0 and Q8_0 matrices, QK-norm,
+/// post-norms, a GELU gate, scaled embeddings, sliding-window layers with their own
+/// rotation) against candle's implementation of it, on the file as it ships.
+#[test]
+fn matches_candle_on_gemma3() {
+    let path = crate::testing::second_chat_model();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exact = dir.path().join("gemma-f32.gguf");
+    convert(&path, &QUANTISED, GgmlDType::F32, &exact);
+    check_against_candle(&path, &exact);
+}
+
+/// Positions beyond Gemma 3's sliding window (512): the local layers must stop seeing the
+/// oldest keys as the exact function does. A 600-token prefill, then decode steps past it,
+/// against candle on the f32 copy (no quantised arithmetic) and on the file itself.
+#[test]
+fn gemma3_sliding_window_matches_exact() {
+    let path = crate::testing::second_chat_model();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exact_path = dir.path().join("gemma-f32.gguf");
+    convert(&path, &QUANTISED, GgmlDType::F32, &exact_path);
+    let file = GgufFile::open(&path).expect("open");
+    let base = prompt(&file);
+    let ids: Vec<u32> = base.iter().copied().cycle().take(600).collect();
+    let mut exact = candle_impl(&GgufFile::open(&exact_path).expect("open f32"), 700);
+    let mut candle = candle_impl(&file, 700);
+    let mut cpu = CpuLlama::load(&file, 700, 2).expect("cpu load");
+    let mut tokens = ids;
+    for i in 0..4 {
+        let e = exact.forward(&tokens).expect("exact forward");
+        let c = candle.forward(&tokens).expect("candle forward");
+        let o = cpu.forward(&tokens).expect("cpu forward");
+        let (ours, theirs) = (cosine(&o, &e), cosine(&c, &e));
+        eprintln!(
+            "gemma3 step {i} at position {}: cos(cpu, exact) {ours:.6}, cos(candle, exact) {theirs:.6}",
+            cpu.cache_len()
+        );
+        assert!(
+            ours >= 0.99 && ours >= theirs - 0.005,
+            "past the window: cosine to exact {ours} (candle {theirs})"
+        );
+        tokens = vec![argmax(&e) as u32];
+    }
 }
 
 #[test]
