@@ -7,11 +7,14 @@
 # per token × tokens/s as a share of that bandwidth.
 #
 # Usage: benches/llm/scale.sh [--threads N] [--reps N] [--shapes "A B"] [--types "Q8_0 Q4_K_M"]
+#                             [--files "PATH ..."]
 #
 #   --threads N    threads for both engines (default 2)
 #   --reps N       measured repetitions (default 3)
 #   --shapes S     shapes to run (default "llama-3.2-1b qwen2.5-1.5b")
 #   --types T      llama-quantize types (default "Q8_0 Q4_K_M")
+#   --files F      existing GGUF files measured in the same run, as they are (for example the
+#                  Gemma 3 270M Q4_K_M file of the model sources); --shapes "" runs only these
 #
 # llama.cpp and starling are built by compare.sh (--build-only, cached); the files are
 # written once under target/llama.cpp/models/scale/ (about 10 GB with the F16 sources).
@@ -23,6 +26,7 @@ THREADS=2
 REPS=3
 SHAPES="llama-3.2-1b qwen2.5-1.5b"
 TYPES="Q8_0 Q4_K_M"
+FILES=""
 PP=512
 TG=128
 
@@ -32,7 +36,8 @@ while [[ $# -gt 0 ]]; do
         --reps|-r) REPS="$2"; shift 2 ;;
         --shapes) SHAPES="$2"; shift 2 ;;
         --types) TYPES="$2"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --files) FILES="$2"; shift 2 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -57,6 +62,13 @@ MODEL_NAME="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'
 echo "$MODEL_NAME | $FLAGS" >"$OUT/cpu.txt"
 
 files=()
+declare -A PATHS
+for f in $FILES; do
+    [[ -f "$f" ]] || { echo "no such file: $f" >&2; exit 2; }
+    label="$(basename "$f" .gguf)"
+    PATHS[$label]="$f"
+    files+=("$label")
+done
 for shape in $SHAPES; do
     f16="$MODELS/$shape.f16.gguf"
     if [[ ! -f "$f16" ]]; then
@@ -71,13 +83,14 @@ for shape in $SHAPES; do
             "$LLAMA_DIR/bin/llama-quantize" "$f16" "$q.tmp" "$type" >"$OUT/quantize-$shape-$type.log" 2>&1
             mv "$q.tmp" "$q"
         fi
+        PATHS[$shape.$type]="$q"
         files+=("$shape.$type")
     done
 done
 
 echo "load before measuring: $(uptime)" >&2
 for label in "${files[@]}"; do
-    file="$MODELS/$label.gguf"
+    file="${PATHS[$label]}"
     log "starling bench: $label"
     "$STARLING" bench --model "$file" --requantize off -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" --json \
         >"$OUT/starling-$label.json" 2>"$OUT/starling-$label.log"
@@ -107,7 +120,6 @@ def load(path):
         return []
 
 print(f"\nCPU: {open(os.path.join(out, 'cpu.txt')).read().strip()}")
-bandwidth = None
 rows = []
 for label in labels:
     ours = {r["test"]: r for r in load(os.path.join(out, f"starling-{label}.json"))}
@@ -120,12 +132,14 @@ for label in labels:
         if t not in ours:
             continue
         o = ours[t]
-        bandwidth = bandwidth or o.get("memory_bandwidth")
         per_token = o["weight_bytes_per_token"]
         rows.append((label + (" (llama.cpp --repack 0)" if repack0 else ""), t, o, theirs.get(t), per_token))
 
-bw = f"{bandwidth / 1e9:.1f} GB/s" if bandwidth else "not measured"
-print(f"read bandwidth (starling bench, {threads} threads, best of 5 passes over 1 GiB): {bw}")
+# Each `starling bench` measures the bandwidth just before its own runs; a file's shares are
+# taken against that run's figure (the machine's bandwidth moves between runs).
+bws = sorted({round(r[2]["memory_bandwidth"] / 1e9, 1) for r in rows if r[2].get("memory_bandwidth")})
+bw = ", ".join(f"{b} GB/s" for b in bws) if bws else "not measured"
+print(f"read bandwidth (each starling bench, {threads} threads, best of 5 passes over 1 GiB): {bw}")
 print(f"threads={threads}; tokens/s mean ± sd; ratio = starling / llama.cpp; runs in {out}")
 print("of bandwidth = MiB of weights per token × tokens/s / read bandwidth (decode only)\n")
 print(f"| {'file':<40} | {'test':<6} | {'starling':>15} | {'llama.cpp':>15} | {'ratio':>5} | {'MiB/token':>9} | {'starling of bw':>14} | {'llama.cpp of bw':>15} |")
@@ -135,6 +149,7 @@ for label, t, o, l, per_token in rows:
     lt = f"{l[0]:7.1f} ± {l[1]:5.1f}" if l else f"{'n/a':>15}"
     ratio = f"{o['tokens_per_second'] / l[0]:5.2f}" if l else f"{'n/a':>5}"
     mib = per_token / (1 << 20)
+    bandwidth = o.get("memory_bandwidth")
     ofbw = lambda tps: f"{100 * per_token * tps / bandwidth:.0f}%" if bandwidth and t.startswith("tg") else ""
     print(f"| {label:<40} | {t:<6} | {s} | {lt} | {ratio} | {mib:9.1f} | {ofbw(o['tokens_per_second']):>14} | {ofbw(l[0]) if l else '':>15} |")
 EOF
