@@ -91,6 +91,7 @@ done
 echo "load before measuring: $(uptime)" >&2
 for label in "${files[@]}"; do
     file="${PATHS[$label]}"
+    echo "$file" >"$OUT/path-$label.txt"
     log "starling bench: $label"
     "$STARLING" bench --model "$file" --requantize off -p "$PP" -n "$TG" -r "$REPS" -t "$THREADS" --json \
         >"$OUT/starling-$label.json" 2>"$OUT/starling-$label.log"
@@ -133,7 +134,13 @@ for label in labels:
             continue
         o = ours[t]
         per_token = o["weight_bytes_per_token"]
-        rows.append((label + (" (llama.cpp --repack 0)" if repack0 else ""), t, o, theirs.get(t), per_token))
+        # llama.cpp reads the file's own blocks: every shape here ties its embeddings to the
+        # output matrix, so a token reads the whole file (its metadata is a few MB of it).
+        try:
+            theirs_per_token = os.path.getsize(open(os.path.join(out, f"path-{label}.txt")).read().strip())
+        except OSError:
+            theirs_per_token = None
+        rows.append((label + (" (llama.cpp --repack 0)" if repack0 else ""), t, o, theirs.get(t), per_token, theirs_per_token))
 
 # Each `starling bench` measures the bandwidth just before its own runs; a file's shares are
 # taken against that run's figure (the machine's bandwidth moves between runs).
@@ -141,15 +148,16 @@ bws = sorted({round(r[2]["memory_bandwidth"] / 1e9, 1) for r in rows if r[2].get
 bw = ", ".join(f"{b} GB/s" for b in bws) if bws else "not measured"
 print(f"read bandwidth (each starling bench, {threads} threads, best of 5 passes over 1 GiB): {bw}")
 print(f"threads={threads}; tokens/s mean ± sd; ratio = starling / llama.cpp; runs in {out}")
-print("of bandwidth = MiB of weights per token × tokens/s / read bandwidth (decode only)\n")
+print("of bandwidth = bytes of weights per token × tokens/s / read bandwidth (decode only);")
+print("starling's bytes are its in-memory layout (MiB/token), llama.cpp's the file's size\n")
 print(f"| {'file':<40} | {'test':<6} | {'starling':>15} | {'llama.cpp':>15} | {'ratio':>5} | {'MiB/token':>9} | {'starling of bw':>14} | {'llama.cpp of bw':>15} |")
 print(f"|{'-'*42}|{'-'*8}|{'-'*17}|{'-'*17}|{'-'*7}|{'-'*11}|{'-'*16}|{'-'*17}|")
-for label, t, o, l, per_token in rows:
+for label, t, o, l, per_token, theirs_per_token in rows:
     s = f"{o['tokens_per_second']:7.1f} ± {o['stddev']:5.1f}"
     lt = f"{l[0]:7.1f} ± {l[1]:5.1f}" if l else f"{'n/a':>15}"
     ratio = f"{o['tokens_per_second'] / l[0]:5.2f}" if l else f"{'n/a':>5}"
     mib = per_token / (1 << 20)
     bandwidth = o.get("memory_bandwidth")
-    ofbw = lambda tps: f"{100 * per_token * tps / bandwidth:.0f}%" if bandwidth and t.startswith("tg") else ""
-    print(f"| {label:<40} | {t:<6} | {s} | {lt} | {ratio} | {mib:9.1f} | {ofbw(o['tokens_per_second']):>14} | {ofbw(l[0]) if l else '':>15} |")
+    ofbw = lambda b, tps: f"{100 * b * tps / bandwidth:.0f}%" if b and bandwidth and t.startswith("tg") else ""
+    print(f"| {label:<40} | {t:<6} | {s} | {lt} | {ratio} | {mib:9.1f} | {ofbw(per_token, o['tokens_per_second']):>14} | {ofbw(theirs_per_token, l[0]) if l else '':>15} |")
 EOF
