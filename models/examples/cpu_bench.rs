@@ -40,6 +40,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = GgufFile::open(std::path::Path::new(path))?;
     let max = pp.max(tg) + 1;
     let mut model: Box<dyn Transformer> = match backend {
+        "candle" if file.architecture()? == "gemma3" => Box::new(
+            starling_models::arch::gemma3::Gemma3::load(&file, &Device::Cpu, max)?,
+        ),
         "candle" => Box::new(Llama::load(&file, &Device::Cpu, max)?),
         _ => Box::new(CpuLlama::load(&file, max, threads)?),
     };

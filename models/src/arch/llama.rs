@@ -13,7 +13,7 @@ use super::common::{
 };
 use super::shape::{LlamaShape, RopeStyle};
 use super::Transformer;
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
 struct Layer {
@@ -56,6 +56,10 @@ impl Llama {
     /// Loads weights from a GGUF file whose architecture is one of [`super::shape::FAMILY`].
     pub fn load(file: &GgufFile, device: &Device, max_seq_len: usize) -> Result<Self> {
         let shape = LlamaShape::read(file, max_seq_len)?;
+        if shape.gemma.is_some() {
+            // Gemma 3's post-norms, GELU gate and windows are `super::gemma3::Gemma3`'s.
+            return Err(ModelError::UnsupportedArchitecture(shape.arch));
+        }
         let (n_head, n_kv_head, head_dim) = (shape.n_head, shape.n_kv, shape.head_dim);
         let (max_seq, rot_dim) = (shape.max_seq, shape.rope.dims);
         let (cos, sin) = shape.rope.tables(max_seq);

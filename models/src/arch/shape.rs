@@ -1,5 +1,6 @@
 //! The llama-shaped family: pre-norm decoder blocks with RMSNorm, rotary attention over
-//! grouped KV heads and a SwiGLU feed-forward, in the GGUF tensor layout llama.cpp uses.
+//! grouped KV heads and a gated feed-forward (SwiGLU; GELU for gemma3), in the GGUF tensor
+//! layout llama.cpp uses.
 //!
 //! Its members differ only in details this module reads once from the file:
 //! - `llama` (Llama 2/3, SmolLM2, Mistral): rotation of adjacent pairs (the converter
@@ -15,8 +16,9 @@
 //!   (`rope_factors_{short,long}.weight`, the long ones when the context is longer than the
 //!   original) and an attention factor that scales the rotation (`rope.scaling.attn_factor`).
 //!
-//! So one implementation per backend runs them all ([`super::llama::Llama`] on candle,
-//! [`super::cpu::CpuLlama`] on the CPU kernels).
+//! So one implementation per backend runs them all: [`super::cpu::CpuLlama`] on the CPU
+//! kernels, and on candle [`super::llama::Llama`] for the members of [`FAMILY`] and
+//! [`super::gemma3::Gemma3`] for gemma3.
 
 use candle_core::quantized::gguf_file;
 
@@ -24,7 +26,9 @@ use super::{md_f32_or, md_u32};
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufFile;
 
-/// Values of `general.architecture` that are llama-shaped.
+/// Values of `general.architecture` that are llama-shaped and run on candle as
+/// [`super::llama::Llama`] (gemma3 is read here too, but has a candle implementation of its
+/// own).
 pub const FAMILY: &[&str] = &["llama", "smollm3", "qwen2", "qwen3", "phi3"];
 
 /// Which dimensions of a head the rotary embedding rotates together.
@@ -47,7 +51,8 @@ pub struct Rope {
     pub dims: usize,
     /// `rope.freq_base`.
     pub base: f32,
-    /// Linear position scaling (`rope.scaling.type = linear`), 1 when none.
+    /// Linear position scaling (`rope.scaling.type = linear`, or gemma3's
+    /// `rope.scaling.factor` written without a type), 1 when none.
     pub linear: f32,
     /// Per-pair frequency divisors (`rope_freqs.weight`, or LongRoPE's factors for the
     /// context in use; `dims/2` values), when the file has them.

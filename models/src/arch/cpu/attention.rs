@@ -407,7 +407,14 @@ mod tests {
 
     #[test]
     fn cached_attention_matches_reference() {
-        for head_dim in [64usize, 32] {
+        // Windows: none, one that starts inside a key block, one wider than any prefix.
+        for (head_dim, window) in [
+            (64usize, None),
+            (32, None),
+            (64, Some(5)),
+            (32, Some(21)),
+            (64, Some(100)),
+        ] {
             let dims = Dims {
                 n_head: 4,
                 n_kv: 2,
@@ -423,6 +430,10 @@ mod tests {
                 attn_factor: 1.0,
             };
             let mut att = Attention::new(dims, 1, 64, &rope, 2);
+            if window.is_some() {
+                // The same rotation as the local one, so the reference below rotates alike.
+                att = att.with_sliding_windows(vec![window], &rope);
+            }
             let mut rng = StdRng::seed_from_u64(5);
             let width = dims.qkv_width();
             // Prefill 37 tokens, then decode 3 more one by one.
@@ -470,7 +481,8 @@ mod tests {
                         &raw[c * width + h * head_dim..c * width + (h + 1) * head_dim],
                         c,
                     );
-                    let ks: Vec<Vec<f32>> = (0..=c)
+                    let first = window.map_or(0, |w: usize| (c + 1).saturating_sub(w));
+                    let ks: Vec<Vec<f32>> = (first..=c)
                         .map(|j| {
                             rot(
                                 &raw[j * width + (4 + g) * head_dim
@@ -479,7 +491,7 @@ mod tests {
                             )
                         })
                         .collect();
-                    let vs: Vec<Vec<f32>> = (0..=c)
+                    let vs: Vec<Vec<f32>> = (first..=c)
                         .map(|j| {
                             raw[j * width + (6 + g) * head_dim..j * width + (7 + g) * head_dim]
                                 .to_vec()
@@ -490,7 +502,7 @@ mod tests {
                     for (a, b) in got.iter().zip(&want) {
                         assert!(
                             (a - b).abs() < 1e-5,
-                            "d={head_dim} token {c} head {h}: {a} vs {b}"
+                            "d={head_dim} window {window:?} token {c} head {h}: {a} vs {b}"
                         );
                     }
                 }
