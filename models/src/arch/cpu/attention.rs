@@ -283,6 +283,18 @@ fn arr<const N: usize>(s: &[f32]) -> &[f32; N] {
         .unwrap_or_else(|_| unreachable!("slices are cut to {N} values"))
 }
 
+/// The key blocks that hold positions `keys`, each with its `KB` score slots in `scratch`
+/// (indexed by absolute position, so `scratch[keys]` are the scores afterwards).
+fn key_blocks<'a>(
+    scratch: &'a mut [f32],
+    keys: &Range<usize>,
+) -> impl Iterator<Item = (usize, &'a mut [f32])> {
+    scratch[..keys.end.div_ceil(KB) * KB]
+        .chunks_exact_mut(KB)
+        .enumerate()
+        .skip(keys.start / KB)
+}
+
 /// One query head against the cached positions `keys`, for a head size known at compile
 /// time.
 fn head<const D: usize>(
@@ -294,13 +306,7 @@ fn head<const D: usize>(
     out: &mut [f32],
 ) {
     let q: &[f32; D] = arr(q);
-    let first = keys.start / KB;
-    let blocks = keys.end.div_ceil(KB);
-    for (blk, sc) in scratch[..blocks * KB]
-        .chunks_exact_mut(KB)
-        .enumerate()
-        .skip(first)
-    {
+    for (blk, sc) in key_blocks(scratch, &keys) {
         let kb = &kc[blk * D * KB..(blk + 1) * D * KB];
         // Four independent accumulators hide the multiply-add latency.
         let (mut a0, mut a1, mut a2, mut a3) = ([0f32; KB], [0f32; KB], [0f32; KB], [0f32; KB]);
@@ -351,13 +357,7 @@ fn head_any(
     scratch: &mut [f32],
     out: &mut [f32],
 ) {
-    let first = keys.start / KB;
-    let blocks = keys.end.div_ceil(KB);
-    for (blk, sc) in scratch[..blocks * KB]
-        .chunks_exact_mut(KB)
-        .enumerate()
-        .skip(first)
-    {
+    for (blk, sc) in key_blocks(scratch, &keys) {
         let kb = &kc[blk * d * KB..(blk + 1) * d * KB];
         let mut acc = [0f32; KB];
         for (i, row) in kb.chunks_exact(KB).enumerate() {
