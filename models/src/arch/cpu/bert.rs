@@ -19,7 +19,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
-use super::kernels::{Isa, BLOCK};
+use super::kernels::{Isa, Layout, BLOCK};
 use super::ops;
 use super::pool::{Disjoint, Pool};
 use super::quant::{self, Epilogue, QActs, QMatrix};
@@ -232,6 +232,8 @@ impl CpuBert {
                 bias: get(&format!("{name}.bias"), &[h])?,
             })
         };
+        let isa = Isa::detect();
+        let layout = Layout::for_isa(isa);
         let linear = |names: &[String], rows: usize, k: usize| -> Result<Linear, String> {
             let mut weight = Vec::with_capacity(names.len() * rows * k);
             let mut bias = Vec::with_capacity(names.len() * rows);
@@ -241,7 +243,8 @@ impl CpuBert {
             }
             let n = names.len() * rows;
             Ok(Linear {
-                weight: quantize_q8_0(&weight, n, k).map_err(|e| format!("{}: {e}", names[0]))?,
+                weight: quantize_q8_0(&weight, n, k, layout)
+                    .map_err(|e| format!("{}: {e}", names[0]))?,
                 bias,
             })
         };
@@ -313,7 +316,7 @@ impl CpuBert {
             layers,
             relative,
             pool,
-            isa: Isa::detect(),
+            isa,
         })
     }
 
@@ -369,8 +372,8 @@ impl CpuBert {
         });
 
         let mut scratch = Scratch {
-            acts: QActs::new(h),
-            acts_ffn: QActs::new(s.ffn),
+            acts: QActs::new(h, Layout::for_isa(self.isa)),
+            acts_ffn: QActs::new(s.ffn, Layout::for_isa(self.isa)),
             masked: Vec::new(),
         };
         let mut qkv = vec![0f32; tokens * 3 * h];
@@ -693,12 +696,12 @@ impl Outliers {
 const OUTLIER_RATIO: f32 = 6.0;
 
 /// Q8_0 blocks of a row-major `rows × k` f32 matrix, in the kernels' layout.
-fn quantize_q8_0(values: &[f32], rows: usize, k: usize) -> Result<QMatrix, String> {
+fn quantize_q8_0(values: &[f32], rows: usize, k: usize, layout: Layout) -> Result<QMatrix, String> {
     let quantised = Tensor::from_slice(values, (rows, k), &Device::Cpu)
         .and_then(|t| QTensor::quantize(&t, GgmlDType::Q8_0))
         .and_then(|q| q.data().map(|d| d.into_owned()))
         .map_err(|e| e.to_string())?;
-    QMatrix::from_ggml(GgmlDType::Q8_0, rows, k, &quantised)
+    QMatrix::from_ggml(GgmlDType::Q8_0, rows, k, &quantised, layout)
 }
 
 fn add(row: &mut [f32], bias: &[f32]) {

@@ -9,9 +9,12 @@
 //! `vpdpbusd` (AVX-512 VNNI) and `vpmaddubsw` (AVX2) compute, and the bias term is one
 //! multiply-add per block outside the inner loop.
 //!
-//! Two blocks are stored as one 64-value pair so that a 512-bit register holds a whole pair:
-//! Q8 pairs are 64 bytes, Q4 pairs 32 bytes whose low nibbles are the first block and high
-//! nibbles the second. Rows are padded to a whole number of pairs with zero blocks.
+//! Rows are padded to a whole number of pairs of blocks with zero blocks and arranged in
+//! one of two [`Layout`]s, chosen per tier at load: AVX2, AVX, NEON and the scalar code
+//! read blocks in order, two to a 64-value pair (Q8 pairs are 64 bytes, Q4 pairs 32 bytes
+//! whose low nibbles are the first block and high nibbles the second); AVX-512 reads chunks
+//! of 16 blocks interleaved in 4-byte lanes, so that each block's dot product builds up in
+//! a 32-bit lane of its own and its scales are applied once per block.
 //!
 //! Five implementations: AVX-512 VNNI, AVX2 (+FMA, F16C), AVX (+FMA, F16C, without AVX2:
 //! 128-bit integer products), aarch64 NEON and portable scalar code, chosen at run time
@@ -54,6 +57,131 @@ impl Format {
             Self::Q4_0 => 8.0,
             Self::Q4_1 => 0.0,
         }
+    }
+}
+
+/// How the 32-value blocks of a row are arranged in memory (weights and activations of one
+/// product share it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// Blocks in order, two to a 64-value pair: a Q8 block is 32 bytes; a Q4 pair is 32
+    /// bytes whose low nibbles are the first block and high nibbles the second.
+    Pairs,
+    /// Chunks of 16 blocks whose blocks lie side by side in 4-byte lanes: step `t` (0..8)
+    /// of a chunk holds values `4t..4t+4` of each of its blocks, block `i` in lane `i`, so
+    /// one 512-bit `vpdpbusd` per step accumulates each block's whole dot product in a lane
+    /// of its own, and a block's scale is applied once per block instead of once per
+    /// register of products. A last chunk of fewer blocks gives each block 2 or 4 lanes
+    /// (see [`Chunk`]), so that it takes 4 or 2 steps rather than 8. Steps are
+    /// [`Chunk::step_bytes`] apart; Q4 stores step `s` and step `s + steps/2` in the low
+    /// and high nibbles of the same bytes.
+    Lanes,
+}
+
+impl Layout {
+    /// The layout the kernels of `isa` read fastest: [`Layout::Lanes`] for AVX-512 VNNI,
+    /// [`Layout::Pairs`] for the others (their registers hold one or two blocks).
+    pub(crate) fn for_isa(isa: Isa) -> Self {
+        if isa == Isa::Avx512Vnni {
+            Self::Lanes
+        } else {
+            Self::Pairs
+        }
+    }
+
+    /// Where value `j` of block `b` lies in a row of `nbp` blocks stored one byte per
+    /// value (Q8 weights, activations).
+    #[inline(always)]
+    pub(crate) fn byte_index(self, nbp: usize, b: usize, j: usize) -> usize {
+        match self {
+            Self::Pairs => b * BLOCK + j,
+            Self::Lanes => {
+                let ch = Chunk::of(nbp, b);
+                let (t, lane) = ch.place(b, j);
+                ch.start * BLOCK + t * ch.step_bytes() + lane * 4 + j % 4
+            }
+        }
+    }
+
+    /// The byte and bit shift (0 or 4) of value `j` of block `b` in a row of `nbp` blocks
+    /// stored one nibble per value (Q4_0, Q4_1).
+    #[inline(always)]
+    pub(crate) fn nibble_index(self, nbp: usize, b: usize, j: usize) -> (usize, u32) {
+        match self {
+            Self::Pairs => ((b / 2) * BLOCK + j, if b.is_multiple_of(2) { 0 } else { 4 }),
+            Self::Lanes => {
+                let ch = Chunk::of(nbp, b);
+                let (t, lane) = ch.place(b, j);
+                let half = ch.steps() / 2;
+                (
+                    ch.start * BLOCK / 2 + (t % half) * ch.step_bytes() + lane * 4 + j % 4,
+                    if t < half { 0 } else { 4 },
+                )
+            }
+        }
+    }
+}
+
+/// Blocks per chunk of [`Layout::Lanes`] (the 16 32-bit lanes of a 512-bit register).
+pub(crate) const LANES: usize = 16;
+
+/// One chunk of a row in [`Layout::Lanes`]: blocks `start..start + n`, each spread over
+/// `per` lanes: 1 in a whole chunk; 2 or 4 in a last chunk of at most 8 or 4 blocks, so
+/// that a short chunk takes 4 or 2 steps instead of 8 (never more than 4 lanes, so that a
+/// Q4 chunk has an even number of steps to pair in its nibbles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    /// First block.
+    pub start: usize,
+    /// Blocks in the chunk (1..=16).
+    pub n: usize,
+    /// Lanes per block: 1, 2 or 4.
+    pub per: usize,
+}
+
+impl Chunk {
+    /// The chunk that starts at block `start` (a multiple of 16) of a row of `nbp` blocks.
+    #[inline(always)]
+    pub(crate) fn at(nbp: usize, start: usize) -> Self {
+        let n = (nbp - start).min(LANES);
+        let per = match n {
+            0..=4 => 4,
+            5..=8 => 2,
+            _ => 1,
+        };
+        Self { start, n, per }
+    }
+
+    /// The chunk that holds block `b`.
+    #[inline(always)]
+    pub(crate) fn of(nbp: usize, b: usize) -> Self {
+        Self::at(nbp, b - b % LANES)
+    }
+
+    /// Lanes in use.
+    #[inline(always)]
+    pub(crate) fn lanes(self) -> usize {
+        self.n * self.per
+    }
+
+    /// Steps of four values per lane.
+    #[inline(always)]
+    pub(crate) fn steps(self) -> usize {
+        8 / self.per
+    }
+
+    /// Bytes between two steps of one-byte values.
+    #[inline(always)]
+    pub(crate) fn step_bytes(self) -> usize {
+        4 * self.lanes()
+    }
+
+    /// The step and lane of value `j` of block `b`: its group of four `g = j / 4` is in
+    /// step `g / per`, lane `(b - start)·per + g % per`.
+    #[inline(always)]
+    pub(crate) fn place(self, b: usize, j: usize) -> (usize, usize) {
+        let g = j / 4;
+        (g / self.per, (b - self.start) * self.per + g % self.per)
     }
 }
 
@@ -170,6 +298,8 @@ pub(crate) struct WeightRows<'a> {
     pub m: &'a [f16],
     /// Storage format.
     pub fmt: Format,
+    /// Arrangement of each row's blocks.
+    pub layout: Layout,
     /// Blocks per row, padded to an even number.
     pub nbp: usize,
 }
@@ -183,9 +313,8 @@ pub(crate) struct ActRows<'a> {
     pub d: &'a [f32],
     /// `d · Σq` per block, `nbp` per row.
     pub s: &'a [f32],
-    /// Block scales expanded for 512-bit lanes: per pair of blocks, 8 copies of the first
-    /// scale then 8 of the second (`nbp * 8` per row).
-    pub dx: &'a [f32],
+    /// Arrangement of each row's values (the weights' layout).
+    pub layout: Layout,
     /// Blocks per row (even).
     pub nbp: usize,
 }
@@ -193,7 +322,8 @@ pub(crate) struct ActRows<'a> {
 /// Computes `out[c][r] = Σ_k W[r][k] · A[c][k]` for a tile of `R` weight rows and `C`
 /// activation rows.
 ///
-/// Panics when the slices are shorter than the tile needs or `nbp` is odd.
+/// Panics when the slices are shorter than the tile needs, `nbp` is odd or the weights and
+/// activations are in different layouts.
 pub(crate) fn tile<const R: usize, const C: usize>(
     isa: Isa,
     w: &WeightRows<'_>,
@@ -206,6 +336,10 @@ pub(crate) fn tile<const R: usize, const C: usize>(
         nbp.is_multiple_of(2) && a.nbp == nbp,
         "blocks per row must be even and match"
     );
+    assert_eq!(
+        w.layout, a.layout,
+        "weights and activations must share a layout"
+    );
     assert!(
         w.q.len() >= R * w.fmt.row_bytes(kp) && w.d.len() >= R * nbp,
         "weight tile too short"
@@ -215,30 +349,39 @@ pub(crate) fn tile<const R: usize, const C: usize>(
         "weight biases missing"
     );
     assert!(
-        a.q.len() >= C * kp
-            && a.d.len() >= C * nbp
-            && a.s.len() >= C * nbp
-            && a.dx.len() >= C * nbp * 8,
+        a.q.len() >= C * kp && a.d.len() >= C * nbp && a.s.len() >= C * nbp,
         "activation tile too short"
     );
+    if w.layout == Layout::Lanes {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                // SAFETY: every caller of this crate-private function passes a tier from
+                // `Isa::detect`/`Isa::choose`, which return only members of
+                // `Isa::available`, and that lists a tier after checking every feature its
+                // kernel enables; the slice lengths were checked above.
+                unsafe {
+                    match w.fmt {
+                        Format::Q8_0 => x86::tile_avx512_lanes::<Q8, R, C>(w, a, out),
+                        Format::Q4_0 => x86::tile_avx512_lanes::<Q40, R, C>(w, a, out),
+                        Format::Q4_1 => x86::tile_avx512_lanes::<Q41, R, C>(w, a, out),
+                    }
+                }
+            }
+            // Only AVX-512 reads this layout fast; the portable code reads any.
+            _ => tile_scalar(w, a, out),
+        }
+        return;
+    }
     match isa {
+        // AVX-512 reads the pair layout with its AVX2 kernel (`Isa::available` lists
+        // AVX-512 only where AVX2, FMA and F16C are present).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => {
+        Isa::Avx512Vnni | Isa::Avx2 => {
             // SAFETY: every caller of this crate-private function passes a tier from
             // `Isa::detect`/`Isa::choose`, which return only members of `Isa::available`,
             // and that lists a tier after checking every feature its kernel enables (here
             // and below); the slice lengths were checked above.
-            unsafe {
-                match w.fmt {
-                    Format::Q8_0 => x86::tile_avx512::<Q8, R, C>(w, a, out),
-                    Format::Q4_0 => x86::tile_avx512::<Q40, R, C>(w, a, out),
-                    Format::Q4_1 => x86::tile_avx512::<Q41, R, C>(w, a, out),
-                }
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            // SAFETY: as above, for the AVX2/FMA/F16C features.
             unsafe {
                 match w.fmt {
                     Format::Q8_0 => x86::tile_avx2::<Q8, R, C>(w, a, out),
@@ -296,18 +439,44 @@ const fn row_bytes(f: u8, kp: usize) -> usize {
     }
 }
 
-/// The unsigned value `j` (0..32) of block `b` of a packed row.
+/// The unsigned value `j` (0..32) of block `b` of a packed row of `nbp` blocks.
 #[inline(always)]
-pub(crate) fn unpack(fmt: Format, row: &[u8], b: usize, j: usize) -> u8 {
+pub(crate) fn unpack(
+    fmt: Format,
+    layout: Layout,
+    nbp: usize,
+    row: &[u8],
+    b: usize,
+    j: usize,
+) -> u8 {
     match fmt {
-        Format::Q8_0 => row[b * BLOCK + j],
+        Format::Q8_0 => row[layout.byte_index(nbp, b, j)],
         Format::Q4_0 | Format::Q4_1 => {
-            let byte = row[(b / 2) * BLOCK + j];
-            if b.is_multiple_of(2) {
-                byte & 0x0F
-            } else {
-                byte >> 4
-            }
+            let (at, shift) = layout.nibble_index(nbp, b, j);
+            (row[at] >> shift) & 0x0F
+        }
+    }
+}
+
+#[cfg(test)]
+/// Stores the unsigned value `u` (below 16 for the 4-bit formats) as value `j` of block
+/// `b` of a packed row of `nbp` blocks; 4-bit values are or-ed into their nibble, so the
+/// row must start zeroed.
+#[inline(always)]
+pub(crate) fn pack(
+    fmt: Format,
+    layout: Layout,
+    nbp: usize,
+    row: &mut [u8],
+    b: usize,
+    j: usize,
+    u: u8,
+) {
+    match fmt {
+        Format::Q8_0 => row[layout.byte_index(nbp, b, j)] = u,
+        Format::Q4_0 | Format::Q4_1 => {
+            let (at, shift) = layout.nibble_index(nbp, b, j);
+            row[at] |= u << shift;
         }
     }
 }
@@ -418,7 +587,8 @@ fn tile_scalar<const R: usize, const C: usize>(
             for b in 0..nbp {
                 let mut dot = 0i32;
                 for j in 0..BLOCK {
-                    dot += unpack(w.fmt, row, b, j) as i32 * aq[b * BLOCK + j] as i32;
+                    dot += unpack(w.fmt, w.layout, nbp, row, b, j) as i32
+                        * aq[a.layout.byte_index(nbp, b, j)] as i32;
                 }
                 let d = w.d[r * nbp + b].to_f32();
                 let m = match w.fmt {
@@ -436,46 +606,22 @@ fn tile_scalar<const R: usize, const C: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{offset, row_bytes, ActRows, WeightRows, BLOCK, Q41, Q8};
+    use super::{offset, row_bytes, ActRows, Chunk, WeightRows, BLOCK, LANES, Q41, Q8};
 
-    /// Lane `l` of entry `p` is the block index `2p + l/8` within a 16-block chunk.
-    static PAIR_INDEX: [[i32; 16]; 8] = {
-        let mut t = [[0i32; 16]; 8];
-        let mut p = 0;
-        while p < 8 {
-            let mut l = 0;
-            while l < 16 {
-                t[p][l] = (2 * p + l / 8) as i32;
-                l += 1;
-            }
-            p += 1;
-        }
-        t
-    };
-
-    /// The 64 unsigned values of pair `p` of a row, as bytes.
-    #[inline(always)]
-    unsafe fn load_pair<const F: u8>(row: *const u8, p: usize) -> __m512i {
-        // SAFETY (for the whole function): the caller guarantees pair `p` lies inside the row.
-        unsafe {
-            if F == Q8 {
-                _mm512_loadu_si512(row.add(p * 64) as *const _)
-            } else {
-                let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(row.add(p * 32) as *const _));
-                // Upper 256 bits: high nibbles (second block); lower: low nibbles.
-                let x = _mm512_mask_srli_epi16::<4>(x, 0xFFFF_0000, x);
-                _mm512_and_si512(x, _mm512_set1_epi8(0x0F))
-            }
-        }
-    }
-
-    /// AVX-512 VNNI tile kernel; see [`super::tile`].
+    /// AVX-512 VNNI tile kernel over rows in [`super::Layout::Lanes`]; see [`super::tile`].
+    ///
+    /// Per chunk of up to 16 blocks, 8 `vpdpbusd` steps (fewer in a short last chunk, see
+    /// [`super::Chunk`]) leave each block's integer dot
+    /// product in its own 32-bit lane, so the block scales (`d_w · d_a`) and the float
+    /// accumulation cost one conversion and one multiply-add per chunk, where blocks read
+    /// in order (two to a register) would need them after every product. A shorter last
+    /// chunk is read with masked loads.
     ///
     /// # Safety
     /// The CPU must support the enabled features, and the slices must be as long as
     /// [`super::tile`] checks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(super) unsafe fn tile_avx512<const F: u8, const R: usize, const C: usize>(
+    pub(super) unsafe fn tile_avx512_lanes<const F: u8, const R: usize, const C: usize>(
         w: &WeightRows<'_>,
         a: &ActRows<'_>,
         out: &mut [[f32; R]; C],
@@ -488,66 +634,202 @@ mod x86 {
             w.d.as_ptr() as *const i16,
             w.m.as_ptr() as *const i16,
         );
-        let (aq, as_, adx) = (a.q.as_ptr(), a.s.as_ptr(), a.dx.as_ptr());
+        let (aq, ad, as_) = (a.q.as_ptr(), a.d.as_ptr(), a.s.as_ptr());
         let neg_off = _mm512_set1_ps(-offset(F));
+        let low = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); R]; C];
         let mut chunk = 0;
         while chunk < nbp {
-            let nb = (nbp - chunk).min(16);
-            let mask: __mmask16 = if nb == 16 { 0xFFFF } else { (1u16 << nb) - 1 };
+            let ch = Chunk::at(nbp, chunk);
+            let low_mask = |n: usize| -> __mmask16 {
+                if n == LANES {
+                    0xFFFF
+                } else {
+                    (1u16 << n) - 1
+                }
+            };
+            // Blocks of the chunk (scales, biases), and lanes of its steps.
+            let (bmask, lmask) = (low_mask(ch.n), low_mask(ch.lanes()));
+            let (step, steps) = (ch.step_bytes(), ch.steps());
             let mut dw = [_mm512_setzero_ps(); R];
             let mut mw = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                // SAFETY: masked loads of blocks chunk..chunk+nb of row r (< nbp).
+                // SAFETY: masked loads of blocks chunk..chunk+n of row r (< nbp).
                 unsafe {
                     dw[r] =
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wd.add(r * nbp + chunk)));
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wd.add(r * nbp + chunk)));
                     mw[r] = if F == Q41 {
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, wm.add(r * nbp + chunk)))
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wm.add(r * nbp + chunk)))
                     } else {
                         _mm512_mul_ps(dw[r], neg_off)
                     };
                 }
             }
             for c in 0..C {
-                // SAFETY: masked load inside activation row c.
-                let sa = unsafe { _mm512_maskz_loadu_ps(mask, as_.add(c * nbp + chunk)) };
+                // SAFETY: masked load of blocks chunk..chunk+n of activation row c.
+                let sa = unsafe { _mm512_maskz_loadu_ps(bmask, as_.add(c * nbp + chunk)) };
                 for r in 0..R {
                     acc[c][r] = _mm512_fmadd_ps(mw[r], sa, acc[c][r]);
                 }
             }
-            for pp in 0..nb / 2 {
-                let p = chunk / 2 + pp;
-                // SAFETY: PAIR_INDEX has 8 entries of 16 i32 and pp < 8.
-                let idx = unsafe { _mm512_loadu_si512(PAIR_INDEX[pp].as_ptr() as *const _) };
-                let mut wv = [_mm512_setzero_si512(); R];
-                let mut dwe = [_mm512_setzero_ps(); R];
-                for r in 0..R {
-                    // SAFETY: pair p < nbp / 2 lies inside row r.
-                    wv[r] = unsafe { load_pair::<F>(wq.add(r * rb), p) };
-                    dwe[r] = _mm512_permutexvar_ps(idx, dw[r]);
-                }
-                for c in 0..C {
-                    // SAFETY: pair p of activation row c and its expanded scales.
-                    let (av, dx) = unsafe {
-                        (
-                            _mm512_loadu_si512(aq.add(c * kp + p * 64) as *const _),
-                            _mm512_loadu_ps(adx.add(c * nbp * 8 + p * 16)),
-                        )
-                    };
+            let mut dot = [[_mm512_setzero_si512(); R]; C];
+            // SAFETY (both arms): every load covers the chunk's lanes of 4 bytes of one of
+            // its steps, inside row r of the weights and row c of the activations.
+            if F == Q8 {
+                for t in 0..steps {
+                    let mut wv = [_mm512_setzero_si512(); R];
                     for r in 0..R {
-                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], av);
-                        let scale = _mm512_mul_ps(dwe[r], dx);
-                        acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[c][r]);
+                        wv[r] = unsafe {
+                            _mm512_maskz_loadu_epi32(
+                                lmask,
+                                wq.add(r * rb + chunk * BLOCK + t * step) as *const _,
+                            )
+                        };
+                    }
+                    for c in 0..C {
+                        let av = unsafe {
+                            _mm512_maskz_loadu_epi32(
+                                lmask,
+                                aq.add(c * kp + chunk * BLOCK + t * step) as *const _,
+                            )
+                        };
+                        for r in 0..R {
+                            dot[c][r] = _mm512_dpbusd_epi32(dot[c][r], wv[r], av);
+                        }
+                    }
+                }
+            } else {
+                let half = steps / 2;
+                for s in 0..half {
+                    let mut lo = [_mm512_setzero_si512(); R];
+                    let mut hi = [_mm512_setzero_si512(); R];
+                    for r in 0..R {
+                        let x = unsafe {
+                            _mm512_maskz_loadu_epi32(
+                                lmask,
+                                wq.add(r * rb + chunk * BLOCK / 2 + s * step) as *const _,
+                            )
+                        };
+                        lo[r] = _mm512_and_si512(x, low);
+                        hi[r] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), low);
+                    }
+                    for c in 0..C {
+                        let (al, ah) = unsafe {
+                            let base = aq.add(c * kp + chunk * BLOCK);
+                            (
+                                _mm512_maskz_loadu_epi32(lmask, base.add(s * step) as *const _),
+                                _mm512_maskz_loadu_epi32(
+                                    lmask,
+                                    base.add((s + half) * step) as *const _,
+                                ),
+                            )
+                        };
+                        for r in 0..R {
+                            dot[c][r] = _mm512_dpbusd_epi32(dot[c][r], lo[r], al);
+                            dot[c][r] = _mm512_dpbusd_epi32(dot[c][r], hi[r], ah);
+                        }
                     }
                 }
             }
-            chunk += 16;
-        }
-        for c in 0..C {
-            for r in 0..R {
-                out[c][r] = _mm512_reduce_add_ps(acc[c][r]);
+            // Lane l holds part of block l / per: its scale comes from there.
+            let spread = (ch.per > 1).then(|| {
+                let shift = _mm512_set1_epi32(ch.per.trailing_zeros() as i32);
+                let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                _mm512_srlv_epi32(lanes, shift)
+            });
+            for c in 0..C {
+                // SAFETY: masked load of the chunk's activation scales of row c.
+                let da = unsafe { _mm512_maskz_loadu_ps(bmask, ad.add(c * nbp + chunk)) };
+                for r in 0..R {
+                    let mut scale = _mm512_mul_ps(dw[r], da);
+                    if let Some(idx) = spread {
+                        scale = _mm512_permutexvar_ps(idx, scale);
+                    }
+                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c][r]), scale, acc[c][r]);
+                }
             }
+            chunk += LANES;
+        }
+        if R * C == 16 {
+            let mut all = [_mm512_setzero_ps(); 16];
+            for c in 0..C {
+                for r in 0..R {
+                    all[c * R + r] = acc[c][r];
+                }
+            }
+            let mut sums = [0f32; 16];
+            // SAFETY: 16 floats fit `sums`; this kernel's features include AVX-512 F.
+            unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), sum16(&all)) };
+            for c in 0..C {
+                for r in 0..R {
+                    out[c][r] = sums[c * R + r];
+                }
+            }
+        } else {
+            for c in 0..C {
+                for r in 0..R {
+                    // SAFETY: this kernel's features include AVX-512 F.
+                    out[c][r] = unsafe { sum1(acc[c][r]) };
+                }
+            }
+        }
+    }
+
+    /// The sum of the 16 lanes of `v`, added in the same order as [`sum16`] adds each of
+    /// its vectors, so that a product does not depend on the tile it fell in (one token
+    /// alone, or four at once): within each 128-bit lane `(e0 + e2) + (e1 + e3)`, then
+    /// `(L0 + L1) + (L2 + L3)` across them.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F (the callers enable it).
+    #[inline(always)]
+    unsafe fn sum1(v: __m512) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let t = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+            let u = _mm512_add_ps(t, _mm512_permute_ps::<0b10_11_00_01>(t));
+            let w = _mm512_add_ps(u, _mm512_shuffle_f32x4::<0b10_11_00_01>(u, u));
+            let z = _mm512_add_ps(w, _mm512_shuffle_f32x4::<0b01_00_11_10>(w, w));
+            _mm512_cvtss_f32(z)
+        }
+    }
+
+    /// Lane `i` of the result is the sum of the 16 lanes of `v[i]`: a transposing tree of
+    /// 45 shuffles and adds, where 16 separate horizontal sums take about 130 (a 4 × 4
+    /// tile over a short row spends as long summing its accumulators as multiplying).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F (the callers enable it).
+    #[inline(always)]
+    unsafe fn sum16(v: &[__m512; 16]) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            // Level 1: within each 128-bit lane, positions 0 and 2 sum half of v[2k], 1 and 3
+            // half of v[2k + 1].
+            let mut b = [_mm512_setzero_ps(); 8];
+            for k in 0..8 {
+                let (x, y) = (v[2 * k], v[2 * k + 1]);
+                b[k] = _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+            }
+            // Level 2: position m of each 128-bit lane sums that lane's part of v[4k + m].
+            let mut c = [_mm512_setzero_ps(); 4];
+            for k in 0..4 {
+                let (p, q) = (_mm512_castps_pd(b[2 * k]), _mm512_castps_pd(b[2 * k + 1]));
+                c[k] = _mm512_add_ps(
+                    _mm512_castpd_ps(_mm512_unpacklo_pd(p, q)),
+                    _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)),
+                );
+            }
+            // Levels 3 and 4: add the four 128-bit lanes of each c[k], which lands as 128-bit
+            // lane k of the result.
+            let pairs = |x: __m512, y: __m512| {
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+                    _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+                )
+            };
+            let (d0, d1) = (pairs(c[0], c[1]), pairs(c[2], c[3]));
+            pairs(d0, d1)
         }
     }
 
@@ -948,7 +1230,13 @@ mod tests {
         values: Vec<f32>,
     }
 
-    fn weights(fmt: Format, rows: usize, nbp: usize, rng: &mut StdRng) -> TestWeights {
+    fn weights(
+        fmt: Format,
+        layout: Layout,
+        rows: usize,
+        nbp: usize,
+        rng: &mut StdRng,
+    ) -> TestWeights {
         let kp = nbp * BLOCK;
         let rb = fmt.row_bytes(kp);
         let mut t = TestWeights {
@@ -968,12 +1256,7 @@ mod tests {
                         Format::Q8_0 => rng.gen(),
                         _ => rng.gen_range(0..16),
                     };
-                    match fmt {
-                        Format::Q8_0 => t.q[r * rb + b * BLOCK + j] = u,
-                        _ => {
-                            t.q[r * rb + (b / 2) * BLOCK + j] |= if b % 2 == 0 { u } else { u << 4 }
-                        }
-                    }
+                    pack(fmt, layout, nbp, &mut t.q[r * rb..(r + 1) * rb], b, j, u);
                     let bias = match fmt {
                         Format::Q4_1 => m.to_f32(),
                         f => -f.offset() * d.to_f32(),
@@ -992,57 +1275,53 @@ mod tests {
         q: Vec<i8>,
         d: Vec<f32>,
         s: Vec<f32>,
-        dx: Vec<f32>,
         values: Vec<f32>,
     }
 
-    fn acts(rows: usize, nbp: usize, rng: &mut StdRng) -> TestActs {
+    fn acts(layout: Layout, rows: usize, nbp: usize, rng: &mut StdRng) -> TestActs {
         let mut t = TestActs {
             q: Vec::new(),
             d: Vec::new(),
             s: Vec::new(),
-            dx: Vec::new(),
             values: Vec::new(),
         };
         for _ in 0..rows {
-            for _ in 0..nbp {
+            let row = t.q.len();
+            t.q.resize(row + nbp * BLOCK, 0);
+            for b in 0..nbp {
                 let d = rng.gen_range(0.001f32..0.1);
                 let mut sum = 0i32;
-                for _ in 0..BLOCK {
+                for j in 0..BLOCK {
                     let q: i8 = rng.gen_range(-127..=127);
                     sum += q as i32;
-                    t.q.push(q);
+                    t.q[row + layout.byte_index(nbp, b, j)] = q;
                     t.values.push(q as f32 * d);
                 }
                 t.d.push(d);
                 t.s.push(d * sum as f32);
             }
-            let row_d = &t.d[t.d.len() - nbp..];
-            for p in 0..nbp / 2 {
-                t.dx.extend(std::iter::repeat_n(row_d[2 * p], 8));
-                t.dx.extend(std::iter::repeat_n(row_d[2 * p + 1], 8));
-            }
         }
         t
     }
 
-    fn check<const R: usize, const C: usize>(fmt: Format, nbp: usize, seed: u64) {
+    fn check<const R: usize, const C: usize>(fmt: Format, layout: Layout, nbp: usize, seed: u64) {
         let mut rng = StdRng::seed_from_u64(seed);
-        let w = weights(fmt, R, nbp, &mut rng);
-        let a = acts(C, nbp, &mut rng);
+        let w = weights(fmt, layout, R, nbp, &mut rng);
+        let a = acts(layout, C, nbp, &mut rng);
         let kp = nbp * BLOCK;
         let wr = WeightRows {
             q: &w.q,
             d: &w.d,
             m: &w.m,
             fmt,
+            layout,
             nbp,
         };
         let ar = ActRows {
             q: &a.q,
             d: &a.d,
             s: &a.s,
-            dx: &a.dx,
+            layout,
             nbp,
         };
         let mut scalar = [[0f32; R]; C];
@@ -1053,7 +1332,7 @@ mod tests {
             for (o, s) in out.iter().flatten().zip(scalar.iter().flatten()) {
                 assert!(
                     (o - s).abs() <= 1e-4 * s.abs().max(1.0),
-                    "{isa:?} {fmt:?}: {o} vs scalar {s}"
+                    "{isa:?} {fmt:?} {layout:?}: {o} vs scalar {s}"
                 );
             }
             for c in 0..C {
@@ -1067,7 +1346,7 @@ mod tests {
                     let err = (out[c][r] as f64 - exact).abs();
                     assert!(
                         err <= 1e-5 * mag + 1e-6,
-                        "{isa:?} {fmt:?} R={R} C={C} nbp={nbp} [{c}][{r}]: {} vs {exact} (scale {mag})",
+                        "{isa:?} {fmt:?} {layout:?} R={R} C={C} nbp={nbp} [{c}][{r}]: {} vs {exact} (scale {mag})",
                         out[c][r]
                     );
                 }
@@ -1077,14 +1356,118 @@ mod tests {
 
     #[test]
     fn kernels_match_f32_reference() {
-        for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
-            for (i, nbp) in [2usize, 18, 32, 34, 48, 64].into_iter().enumerate() {
-                check::<4, 4>(fmt, nbp, i as u64);
-                check::<4, 1>(fmt, nbp, 10 + i as u64);
-                check::<1, 1>(fmt, nbp, 20 + i as u64);
-                check::<1, 4>(fmt, nbp, 30 + i as u64);
+        // Short last chunks of the lane layout: 2 (alone), 18 and 34 (2 blocks, 4 lanes each),
+        // 20 (4 blocks), 22 and 24 (6 and 8 blocks, 2 lanes each), 28 and 30 (12 and 14
+        // blocks, 1 lane each).
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+                for (i, nbp) in [2usize, 18, 20, 22, 24, 28, 30, 32, 34, 48, 64]
+                    .into_iter()
+                    .enumerate()
+                {
+                    check::<4, 4>(fmt, layout, nbp, i as u64);
+                    check::<4, 1>(fmt, layout, nbp, 10 + i as u64);
+                    check::<1, 1>(fmt, layout, nbp, 20 + i as u64);
+                    check::<1, 4>(fmt, layout, nbp, 30 + i as u64);
+                }
             }
         }
+    }
+
+    /// A product's value does not depend on how many tokens its tile held (batched and
+    /// one-at-a-time inference give the same numbers).
+    #[test]
+    fn a_token_gets_the_same_bits_alone_or_in_a_tile_of_four() {
+        let mut rng = StdRng::seed_from_u64(77);
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            for fmt in [Format::Q8_0, Format::Q4_1] {
+                for nbp in [18usize, 64] {
+                    let w = weights(fmt, layout, 4, nbp, &mut rng);
+                    let a = acts(layout, 4, nbp, &mut rng);
+                    let kp = nbp * BLOCK;
+                    let rb = fmt.row_bytes(kp);
+                    let wr = |r: usize, n: usize| WeightRows {
+                        q: &w.q[r * rb..(r + n) * rb],
+                        d: &w.d[r * nbp..(r + n) * nbp],
+                        m: if w.m.is_empty() {
+                            &[]
+                        } else {
+                            &w.m[r * nbp..(r + n) * nbp]
+                        },
+                        fmt,
+                        layout,
+                        nbp,
+                    };
+                    let ar = |c: usize, n: usize| ActRows {
+                        q: &a.q[c * kp..(c + n) * kp],
+                        d: &a.d[c * nbp..(c + n) * nbp],
+                        s: &a.s[c * nbp..(c + n) * nbp],
+                        layout,
+                        nbp,
+                    };
+                    for isa in Isa::available() {
+                        // Four tokens at once against one at a time, for a 4-row tile and
+                        // for a single row (the tail of a matrix's rows).
+                        let mut all = [[0f32; 4]; 4];
+                        tile(isa, &wr(0, 4), &ar(0, 4), &mut all);
+                        let mut row0 = [[0f32; 1]; 4];
+                        tile(isa, &wr(0, 1), &ar(0, 4), &mut row0);
+                        for c in 0..4 {
+                            let mut col = [[0f32; 4]; 1];
+                            tile(isa, &wr(0, 4), &ar(c, 1), &mut col);
+                            let mut one = [[0f32; 1]; 1];
+                            tile(isa, &wr(0, 1), &ar(c, 1), &mut one);
+                            let what = format!("{isa:?} {fmt:?} {layout:?} nbp={nbp} token {c}");
+                            assert_eq!(
+                                all[c].map(f32::to_bits),
+                                col[0].map(f32::to_bits),
+                                "{what}"
+                            );
+                            assert_eq!(row0[c][0].to_bits(), one[0][0].to_bits(), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every value of a row has a place of its own in either layout, inside the row.
+    #[test]
+    fn layouts_place_every_value_once() {
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            for nbp in [2usize, 4, 6, 8, 16, 18, 20, 22, 24, 28, 30, 34, 64] {
+                let mut bytes = vec![0u8; nbp * BLOCK];
+                let mut nibbles = vec![0u8; nbp * BLOCK / 2];
+                for b in 0..nbp {
+                    for j in 0..BLOCK {
+                        bytes[layout.byte_index(nbp, b, j)] += 1;
+                        let (at, shift) = layout.nibble_index(nbp, b, j);
+                        nibbles[at] += 1 << (shift / 4);
+                    }
+                }
+                assert!(bytes.iter().all(|&n| n == 1), "{layout:?} {nbp}: bytes");
+                assert!(nibbles.iter().all(|&n| n == 3), "{layout:?} {nbp}: nibbles");
+            }
+        }
+        // A whole chunk: value 5 of block 3 is step 1, lane 3, byte 1 of 16 lanes.
+        assert_eq!(Layout::Lanes.byte_index(32, 3, 5), 64 + 12 + 1);
+        assert_eq!(Layout::Lanes.nibble_index(32, 3, 21), (64 + 12 + 1, 4));
+        // A last chunk of 2 blocks (18 in all) gives each 4 lanes, so 2 steps of 8 lanes:
+        // value 5 of block 17 is group 1, step 0, lane 1·4 + 1; value 21 is group 5,
+        // step 1, lane 5; as a nibble, step 1 is the high half of step 0's bytes.
+        assert_eq!(Layout::Lanes.byte_index(18, 17, 5), 16 * 32 + 5 * 4 + 1);
+        assert_eq!(
+            Layout::Lanes.byte_index(18, 17, 21),
+            16 * 32 + 32 + 5 * 4 + 1
+        );
+        assert_eq!(
+            Layout::Lanes.nibble_index(18, 17, 21),
+            (16 * 16 + 5 * 4 + 1, 4)
+        );
+        assert_eq!(
+            [1, 4, 5, 8, 9, 16].map(|n| Chunk::at(n, 0).per),
+            [4, 4, 2, 2, 1, 1]
+        );
     }
 
     #[test]

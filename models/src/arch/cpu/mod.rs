@@ -23,7 +23,7 @@ use candle_core::Device;
 
 use self::attention::{Attention, Dims};
 pub use self::kernels::Isa;
-use self::kernels::BLOCK;
+use self::kernels::{Layout, BLOCK};
 use self::pool::Pool;
 use self::quant::{Epilogue, Gate, QActs, QMatrix};
 use super::shape::LlamaShape;
@@ -191,13 +191,25 @@ fn layer_bytes(layers: &[Layer]) -> usize {
 }
 
 /// Reads a 2-D weight into the kernels' layout, checking its shape.
-fn load_matrix(file: &GgufFile, name: &str, rows: usize, k: usize) -> Result<QMatrix> {
-    Ok(load_row_blocks(file, name, &[rows], k)?.remove(0))
+fn load_matrix(
+    file: &GgufFile,
+    layout: Layout,
+    name: &str,
+    rows: usize,
+    k: usize,
+) -> Result<QMatrix> {
+    Ok(load_row_blocks(file, layout, name, &[rows], k)?.remove(0))
 }
 
 /// Reads a 2-D weight whose rows are several matrices one after another (phi3's gate-then-up
 /// `ffn_up`) as one matrix per entry of `rows`, checking the total shape.
-fn load_row_blocks(file: &GgufFile, name: &str, rows: &[usize], k: usize) -> Result<Vec<QMatrix>> {
+fn load_row_blocks(
+    file: &GgufFile,
+    layout: Layout,
+    name: &str,
+    rows: &[usize],
+    k: usize,
+) -> Result<Vec<QMatrix>> {
     let mut t = file.tensor(name, &Device::Cpu)?;
     if CONVERTED_TYPES.contains(&t.dtype()) {
         t = candle_core::quantized::QTensor::quantize(
@@ -222,7 +234,7 @@ fn load_row_blocks(file: &GgufFile, name: &str, rows: &[usize], k: usize) -> Res
         .map(|&r| {
             let bytes = &data[start * row_bytes..(start + r) * row_bytes];
             start += r;
-            QMatrix::from_ggml(dtype, r, k, bytes).map_err(|e| tensor_err(name, e))
+            QMatrix::from_ggml(dtype, r, k, bytes, layout).map_err(|e| tensor_err(name, e))
         })
         .collect()
 }
@@ -265,6 +277,12 @@ impl CpuLlama {
                 ),
             });
         }
+        let (isa, ignored) = Isa::choose(std::env::var(ISA_ENV).ok().as_deref());
+        if let Some(why) = ignored {
+            tracing::warn!("{why}");
+        }
+        // Weights are arranged for the tier's kernels once, at load.
+        let layout = Layout::for_isa(isa);
         let max_seq = shape.max_seq;
         let dims = Dims {
             n_head: shape.n_head,
@@ -277,11 +295,11 @@ impl CpuLlama {
             .get("token_embd.weight")
             .ok_or_else(|| tensor_err("token_embd.weight", "missing"))?;
         let vocab = embd_info.shape.dims().first().copied().unwrap_or(0);
-        let embd = load_matrix(file, "token_embd.weight", vocab, hidden)?;
+        let embd = load_matrix(file, layout, "token_embd.weight", vocab, hidden)?;
         let (embeddings, output) = if file.has_tensor("output.weight") {
             (
                 Some(embd),
-                load_matrix(file, "output.weight", vocab, hidden)?,
+                load_matrix(file, layout, "output.weight", vocab, hidden)?,
             )
         } else {
             (None, embd)
@@ -309,15 +327,16 @@ impl CpuLlama {
             let qkv = if shape.fused_qkv {
                 vec![load_matrix(
                     file,
+                    layout,
                     &name("attn_qkv"),
                     q_width + 2 * kv_width,
                     hidden,
                 )?]
             } else {
                 let parts = vec![
-                    load_matrix(file, &name("attn_q"), q_width, hidden)?,
-                    load_matrix(file, &name("attn_k"), kv_width, hidden)?,
-                    load_matrix(file, &name("attn_v"), kv_width, hidden)?,
+                    load_matrix(file, layout, &name("attn_q"), q_width, hidden)?,
+                    load_matrix(file, layout, &name("attn_k"), kv_width, hidden)?,
+                    load_matrix(file, layout, &name("attn_v"), kv_width, hidden)?,
                 ];
                 // One matrix when the three share a format, so Q, K and V cost one product.
                 match QMatrix::concat(parts) {
@@ -326,7 +345,7 @@ impl CpuLlama {
                 }
             };
             let (gate, up) = if shape.fused_gate_up {
-                let mut gu = load_row_blocks(file, &name("ffn_up"), &[ffn, ffn], hidden)?;
+                let mut gu = load_row_blocks(file, layout, &name("ffn_up"), &[ffn, ffn], hidden)?;
                 let up = gu
                     .pop()
                     .ok_or_else(|| tensor_err(&name("ffn_up"), "empty"))?;
@@ -336,8 +355,8 @@ impl CpuLlama {
                 (gate, up)
             } else {
                 (
-                    load_matrix(file, &name("ffn_gate"), ffn, hidden)?,
-                    load_matrix(file, &name("ffn_up"), ffn, hidden)?,
+                    load_matrix(file, layout, &name("ffn_gate"), ffn, hidden)?,
+                    load_matrix(file, layout, &name("ffn_up"), ffn, hidden)?,
                 )
             };
             let post_norm = |s: &str| -> Result<Option<Vec<f32>>> {
@@ -355,11 +374,11 @@ impl CpuLlama {
                 qkv_bias,
                 qk_norm,
                 rotates: shape.rotates(i),
-                wo: load_matrix(file, &name("attn_output"), hidden, q_width)?,
+                wo: load_matrix(file, layout, &name("attn_output"), hidden, q_width)?,
                 ffn_norm: load_vector(file, &name("ffn_norm"), hidden)?,
                 gate,
                 up,
-                down: load_matrix(file, &name("ffn_down"), hidden, ffn)?,
+                down: load_matrix(file, layout, &name("ffn_down"), hidden, ffn)?,
             });
         }
         let threads = if threads == 0 {
@@ -371,10 +390,6 @@ impl CpuLlama {
         let pool = Pool::new(threads).map_err(|e| {
             ModelError::InvalidRequest(format!("cannot start inference threads: {e}"))
         })?;
-        let (isa, ignored) = Isa::choose(std::env::var(ISA_ENV).ok().as_deref());
-        if let Some(why) = ignored {
-            tracing::warn!("{why}");
-        }
         let weight_bytes: usize =
             layer_bytes(&layers) + output.bytes() + embeddings.as_ref().map_or(0, QMatrix::bytes);
         tracing::info!(
@@ -418,9 +433,9 @@ impl CpuLlama {
                 ffn: Vec::new(),
                 ffn_up: Vec::new(),
                 post: Vec::new(),
-                acts: QActs::new(hidden),
-                acts_att: (q_width != hidden).then(|| QActs::new(q_width)),
-                acts_ffn: QActs::new(ffn),
+                acts: QActs::new(hidden, layout),
+                acts_att: (q_width != hidden).then(|| QActs::new(q_width, layout)),
+                acts_ffn: QActs::new(ffn, layout),
                 logits: vec![0.0; vocab],
             },
             pool,

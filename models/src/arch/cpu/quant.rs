@@ -8,7 +8,7 @@ use std::ops::Range;
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
-use super::kernels::{self, ActRows, Format, Isa, WeightRows, BLOCK};
+use super::kernels::{self, ActRows, Format, Isa, Layout, WeightRows, BLOCK};
 use super::ops;
 use super::pool::{Disjoint, Pool};
 
@@ -44,6 +44,7 @@ fn rows_per_chunk(rows: usize, threads: usize) -> usize {
 /// A quantised weight matrix of `rows × k` in the kernels' packed layout.
 pub(crate) struct QMatrix {
     fmt: Format,
+    layout: Layout,
     rows: usize,
     k: usize,
     nbp: usize,
@@ -57,12 +58,14 @@ impl QMatrix {
     /// Q4_0 and Q4_1 keep their values exactly; Q4_K is exact in its 4-bit values and keeps
     /// each 32-value sub-block's scale and minimum (super-block scale × 6-bit factor) as
     /// f16, in the Q4_1 layout (about 0.05% rounding of a scale, well under the 8-bit
-    /// activations' error). Other types have no kernel here.
+    /// activations' error). Other types have no kernel here. Each row's blocks are arranged
+    /// as `layout` says (the activations it is multiplied with must share it).
     pub(crate) fn from_ggml(
         dtype: GgmlDType,
         rows: usize,
         k: usize,
         data: &[u8],
+        layout: Layout,
     ) -> Result<Self, String> {
         let (fmt, block_values, block_bytes) = match dtype {
             GgmlDType::Q8_0 => (Format::Q8_0, BLOCK, 34),
@@ -85,6 +88,7 @@ impl QMatrix {
         let rb = fmt.row_bytes(nbp * BLOCK);
         let mut m = Self {
             fmt,
+            layout,
             rows,
             k,
             nbp,
@@ -104,12 +108,27 @@ impl QMatrix {
                 m.m[r * nbp + b] = min;
             }
             let row = &mut m.q[r * rb..(r + 1) * rb];
-            match fmt {
-                Format::Q8_0 => row[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(u),
-                Format::Q4_0 | Format::Q4_1 => {
+            match (fmt, layout) {
+                (Format::Q8_0, Layout::Pairs) => row[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(u),
+                (Format::Q4_0 | Format::Q4_1, Layout::Pairs) => {
                     let shift = if b.is_multiple_of(2) { 0 } else { 4 };
                     for (dst, &v) in row[(b / 2) * BLOCK..(b / 2 + 1) * BLOCK].iter_mut().zip(u) {
                         *dst |= v << shift;
+                    }
+                }
+                // Lanes: each group of four values is contiguous in its lane.
+                (Format::Q8_0, Layout::Lanes) => {
+                    for (g, four) in u.chunks_exact(4).enumerate() {
+                        let at = layout.byte_index(nbp, b, 4 * g);
+                        row[at..at + 4].copy_from_slice(four);
+                    }
+                }
+                (Format::Q4_0 | Format::Q4_1, Layout::Lanes) => {
+                    for (g, four) in u.chunks_exact(4).enumerate() {
+                        let (at, shift) = layout.nibble_index(nbp, b, 4 * g);
+                        for (dst, &v) in row[at..at + 4].iter_mut().zip(four) {
+                            *dst |= v << shift;
+                        }
                     }
                 }
             }
@@ -170,13 +189,17 @@ impl QMatrix {
         Ok(m)
     }
 
-    /// Stacks matrices of the same format and width row-wise; gives them back otherwise.
+    /// Stacks matrices of the same format, layout and width row-wise; gives them back
+    /// otherwise.
     pub(crate) fn concat(parts: Vec<QMatrix>) -> Result<QMatrix, Vec<QMatrix>> {
         let Some(first) = parts.first() else {
             return Err(parts);
         };
-        let (fmt, k) = (first.fmt, first.k);
-        if parts.iter().any(|p| p.fmt != fmt || p.k != k) {
+        let (fmt, layout, k) = (first.fmt, first.layout, first.k);
+        if parts
+            .iter()
+            .any(|p| p.fmt != fmt || p.layout != layout || p.k != k)
+        {
             return Err(parts);
         }
         let mut it = parts.into_iter();
@@ -218,6 +241,7 @@ impl QMatrix {
                 &self.m[r0 * self.nbp..(r0 + n) * self.nbp]
             },
             fmt: self.fmt,
+            layout: self.layout,
             nbp: self.nbp,
         }
     }
@@ -263,7 +287,8 @@ impl QMatrix {
                 Format::Q4_1 => self.m[r * self.nbp + b].to_f32(),
                 f => -f.offset() * d,
             };
-            *o = d * kernels::unpack(self.fmt, &self.q[r * rb..(r + 1) * rb], b, j) as f32 + m;
+            let row = &self.q[r * rb..(r + 1) * rb];
+            *o = d * kernels::unpack(self.fmt, self.layout, self.nbp, row, b, j) as f32 + m;
         }
     }
 
@@ -278,7 +303,7 @@ impl QMatrix {
                 f => -f.offset() * d,
             };
             for (j, o) in chunk.iter_mut().enumerate() {
-                *o = d * kernels::unpack(self.fmt, row, b, j) as f32 + m;
+                *o = d * kernels::unpack(self.fmt, self.layout, self.nbp, row, b, j) as f32 + m;
             }
         }
     }
@@ -294,23 +319,24 @@ fn bytemuck_f16(v: &[f16]) -> &[u8] {
 /// weights.
 pub(crate) struct QActs {
     k: usize,
+    layout: Layout,
     nbp: usize,
     q: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
-    dx: Vec<f32>,
 }
 
 impl QActs {
-    /// Storage for rows of width `k` (a multiple of 32), initially for no tokens.
-    pub(crate) fn new(k: usize) -> Self {
+    /// Storage for rows of width `k` (a multiple of 32) arranged as `layout`, initially
+    /// for no tokens.
+    pub(crate) fn new(k: usize, layout: Layout) -> Self {
         Self {
             k,
+            layout,
             nbp: (k / BLOCK).next_multiple_of(2),
             q: Vec::new(),
             d: Vec::new(),
             s: Vec::new(),
-            dx: Vec::new(),
         }
     }
 
@@ -321,7 +347,6 @@ impl QActs {
             self.q.resize(tokens * nbp * BLOCK, 0);
             self.d.resize(tokens * nbp, 0.0);
             self.s.resize(tokens * nbp, 0.0);
-            self.dx.resize(tokens * nbp * 8, 0.0);
         }
     }
 
@@ -331,27 +356,38 @@ impl QActs {
             q: &self.q[c0 * nbp * BLOCK..(c0 + n) * nbp * BLOCK],
             d: &self.d[c0 * nbp..(c0 + n) * nbp],
             s: &self.s[c0 * nbp..(c0 + n) * nbp],
-            dx: &self.dx[c0 * nbp * 8..(c0 + n) * nbp * 8],
+            layout: self.layout,
             nbp,
         }
     }
 }
 
 /// Quantises one row (`x` of `k` values, times `gain` and the optional per-value `weight`)
-/// into its block slices.
+/// into its block slices, arranged as `layout`.
+#[allow(clippy::too_many_arguments)]
 fn quantize_row(
     x: &[f32],
     gain: f32,
     weight: Option<&[f32]>,
+    layout: Layout,
     q: &mut [i8],
     d: &mut [f32],
     s: &mut [f32],
-    dx: &mut [f32],
 ) {
     let nb = x.len() / BLOCK;
-    for b in 0..d.len() {
+    let nbp = d.len();
+    let mut lane_block = [0i8; BLOCK];
+    for b in 0..nbp {
         if b >= nb {
-            q[b * BLOCK..(b + 1) * BLOCK].fill(0);
+            match layout {
+                Layout::Pairs => q[b * BLOCK..(b + 1) * BLOCK].fill(0),
+                Layout::Lanes => {
+                    for t in 0..BLOCK / 4 {
+                        let at = layout.byte_index(nbp, b, 4 * t);
+                        q[at..at + 4].fill(0);
+                    }
+                }
+            }
             d[b] = 0.0;
             s[b] = 0.0;
             continue;
@@ -371,20 +407,27 @@ fn quantize_row(
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         let mut sum = 0i32;
-        for (o, &x) in q[b * BLOCK..(b + 1) * BLOCK].iter_mut().zip(&v) {
+        let block = match layout {
+            Layout::Pairs => &mut q[b * BLOCK..(b + 1) * BLOCK],
+            Layout::Lanes => &mut lane_block[..],
+        };
+        for (o, &x) in block.iter_mut().zip(&v) {
             // Ties to even, like ggml's SIMD quantisers; it vectorises, unlike `round`.
             let r = (x * inv).round_ties_even() as i8;
             sum += r as i32;
             *o = r;
         }
+        if layout == Layout::Lanes {
+            // Each group of four values goes to its lane of the chunk.
+            for (g, four) in lane_block.chunks_exact(4).enumerate() {
+                let at = layout.byte_index(nbp, b, 4 * g);
+                q[at..at + 4].copy_from_slice(four);
+            }
+        }
         // Scales are kept at f16 precision, as ggml and candle store them.
         let scale = f16::from_f32(scale).to_f32();
         d[b] = scale;
         s[b] = scale * sum as f32;
-    }
-    for (p, lanes) in dx.chunks_exact_mut(16).enumerate() {
-        lanes[..8].fill(d[2 * p]);
-        lanes[8..].fill(d[2 * p + 1]);
     }
 }
 
@@ -398,16 +441,16 @@ pub(crate) fn quantize(
     norm: Option<(&[f32], f32)>,
     acts: &mut QActs,
 ) {
-    let k = acts.k;
+    let (k, layout) = (acts.k, acts.layout);
     acts.reserve(seq);
     let nbp = acts.nbp;
-    let row = |c: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32], dx: &mut [f32]| {
+    let row = |c: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32]| {
         let xr = &x[c * k..(c + 1) * k];
         let (gain, w) = match norm {
             Some((w, eps)) => (ops::rms_gain(xr, eps), Some(w)),
             None => (1.0, None),
         };
-        quantize_row(xr, gain, w, q, d, s, dx);
+        quantize_row(xr, gain, w, layout, q, d, s);
     };
     let threads = pool.threads();
     if seq < 4 * threads {
@@ -417,37 +460,49 @@ pub(crate) fn quantize(
                 &mut acts.q[c * nbp * BLOCK..(c + 1) * nbp * BLOCK],
                 &mut acts.d[c * nbp..(c + 1) * nbp],
                 &mut acts.s[c * nbp..(c + 1) * nbp],
-                &mut acts.dx[c * nbp * 8..(c + 1) * nbp * 8],
             );
         }
         return;
     }
-    let (q, d, s, dx) = (
+    let (q, d, s) = (
         Disjoint::new(&mut acts.q),
         Disjoint::new(&mut acts.d),
         Disjoint::new(&mut acts.s),
-        Disjoint::new(&mut acts.dx),
     );
     const TOKENS: usize = 8;
     pool.run(seq.div_ceil(TOKENS), &|_, chunk| {
         for c in chunk * TOKENS..(chunk * TOKENS + TOKENS).min(seq) {
             // SAFETY: every chunk (hence token row c) is handed to one thread only, and row
-            // c owns exactly these sub-ranges of the four buffers.
+            // c owns exactly these sub-ranges of the three buffers.
             unsafe {
                 row(
                     c,
                     q.part(c * nbp * BLOCK, nbp * BLOCK),
                     d.part(c * nbp, nbp),
                     s.part(c * nbp, nbp),
-                    dx.part(c * nbp * 8, nbp * 8),
                 )
             }
         }
     });
 }
 
+/// Bytes of quantised activations a block of tokens may hold while a range of weight rows
+/// passes over it: well inside a core's L2 (1–2 MiB on current x86 cores), beside the
+/// range's weights.
+const ACT_BLOCK_BYTES: usize = 512 << 10;
+
+/// Tokens per block of [`for_tiles`] for rows of `k` values (8-bit values plus two f32 per
+/// 32 of them): a multiple of 4, at least 4.
+fn tokens_per_block(k: usize) -> usize {
+    let row = k + k / BLOCK * 8;
+    (ACT_BLOCK_BYTES / row.max(1)).max(4) / 4 * 4
+}
+
 /// Calls `emit(token, first_row, values)` for every tile of rows `rows` of `w` against the
-/// first `seq` rows of `acts`.
+/// first `seq` rows of `acts`. The tokens go in blocks, each met by every row of the range
+/// before the next: the block's activations stay in cache, where one pass of all tokens per
+/// row group would stream them from memory again for every four rows once the prompt's
+/// activations outgrow the cache (at 1B scale, 512 tokens of an 8192-wide row are 4 MiB).
 fn for_tiles(
     isa: Isa,
     w: &QMatrix,
@@ -456,26 +511,34 @@ fn for_tiles(
     seq: usize,
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    let mut r = rows.start;
-    while r < rows.end {
-        if r + 4 <= rows.end {
-            tiles_of_rows::<4>(isa, w, r, acts, seq, emit);
-            r += 4;
-        } else {
-            tiles_of_rows::<1>(isa, w, r, acts, seq, emit);
-            r += 1;
+    let block = tokens_per_block(acts.k);
+    let mut c0 = 0;
+    while c0 < seq {
+        let cols = c0..(c0 + block).min(seq);
+        let mut r = rows.start;
+        while r < rows.end {
+            if r + 4 <= rows.end {
+                tiles_of_rows::<4>(isa, w, r, acts, cols.clone(), seq, emit);
+                r += 4;
+            } else {
+                tiles_of_rows::<1>(isa, w, r, acts, cols.clone(), seq, emit);
+                r += 1;
+            }
         }
+        c0 = cols.end;
     }
 }
 
 /// How far ahead of the current rows a decode step prefetches weights.
 const PREFETCH_ROWS: usize = 16;
 
+/// The tiles of rows `r0..r0 + R` against the tokens `cols` of the `seq` being multiplied.
 fn tiles_of_rows<const R: usize>(
     isa: Isa,
     w: &QMatrix,
     r0: usize,
     acts: &QActs,
+    cols: Range<usize>,
     seq: usize,
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
@@ -483,8 +546,8 @@ fn tiles_of_rows<const R: usize>(
         w.prefetch(r0 + PREFETCH_ROWS, R);
     }
     let wr = w.view(r0, R);
-    let mut c = 0;
-    while c + 4 <= seq {
+    let mut c = cols.start;
+    while c + 4 <= cols.end {
         let mut out = [[0f32; R]; 4];
         kernels::tile::<R, 4>(isa, &wr, &acts.view(c, 4), &mut out);
         for (i, o) in out.iter().enumerate() {
@@ -492,7 +555,7 @@ fn tiles_of_rows<const R: usize>(
         }
         c += 4;
     }
-    while c < seq {
+    while c < cols.end {
         let mut out = [[0f32; R]; 1];
         kernels::tile::<R, 1>(isa, &wr, &acts.view(c, 1), &mut out);
         emit(c, r0, &out[0]);
@@ -651,18 +714,22 @@ mod tests {
     #[test]
     fn repacked_rows_dequantize_like_ggml() {
         let mut rng = StdRng::seed_from_u64(7);
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
-            for k in [32, 64, 576, 96] {
-                let data = ggml_blocks(dtype, 3, k, &mut rng);
-                let m = QMatrix::from_ggml(dtype, 3, k, &data).expect("repack");
-                for r in 0..3 {
-                    let mut got = vec![0f32; k];
-                    m.dequantize_row(r, &mut got);
-                    assert_eq!(
-                        got,
-                        ggml_dequantize(dtype, &data, k, r),
-                        "{dtype:?} k={k} row {r}"
-                    );
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+                for k in [32, 64, 576, 96] {
+                    let data = ggml_blocks(dtype, 3, k, &mut rng);
+                    let m = QMatrix::from_ggml(dtype, 3, k, &data, layout).expect("repack");
+                    for r in 0..3 {
+                        let want = ggml_dequantize(dtype, &data, k, r);
+                        let mut got = vec![0f32; k];
+                        m.dequantize_row(r, &mut got);
+                        assert_eq!(got, want, "{dtype:?} {layout:?} k={k} row {r}");
+                        for (c, w) in want.iter().enumerate() {
+                            let mut col = vec![0f32; 3];
+                            m.column(c, &mut col);
+                            assert_eq!(col[r], *w, "{dtype:?} {layout:?} k={k} column {c}");
+                        }
+                    }
                 }
             }
         }
@@ -672,50 +739,71 @@ mod tests {
     fn parallel_matmul_matches_f32_reference() {
         let mut rng = StdRng::seed_from_u64(3);
         let pool = Pool::new(2).expect("pool");
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
-            for (rows, k, seq) in [(70, 96, 1), (64, 576, 9), (33, 64, 5)] {
-                let w = QMatrix::from_ggml(dtype, rows, k, &ggml_blocks(dtype, rows, k, &mut rng))
-                    .expect("repack");
-                let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
-                let mut acts = QActs::new(k);
-                quantize(&pool, &x, seq, None, &mut acts);
-                let stride = rows + 3;
-                let mut out = vec![1f32; seq * stride];
-                matmul(
-                    &pool,
-                    Isa::detect(),
-                    &w,
-                    &acts,
-                    seq,
-                    &mut out,
-                    stride,
-                    Epilogue::Add,
-                );
-                let mut wrow = vec![0f32; k];
-                for r in 0..rows {
-                    w.dequantize_row(r, &mut wrow);
-                    for c in 0..seq {
-                        let xr = &x[c * k..(c + 1) * k];
-                        let exact: f32 = wrow.iter().zip(xr).map(|(a, b)| a * b).sum();
-                        let mag: f32 = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
-                        let got = out[c * stride + r] - 1.0;
-                        // 8-bit activations: about 1/254 relative error per value.
-                        assert!(
+        // Every tier with each layout (AVX-512 reads the pair layout with the AVX2 kernel,
+        // the other tiers read the lane layout with portable code);
+        // 9 and 16 tokens take the pool's path of quantising; 30 tokens of 32768 values go
+        // in three blocks of tokens (12, 12, 6).
+        for (isa, layout) in Isa::available()
+            .into_iter()
+            .flat_map(|i| [(i, Layout::Pairs), (i, Layout::Lanes)])
+        {
+            for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+                for (rows, k, seq) in [
+                    (70, 96, 1),
+                    (64, 576, 9),
+                    (33, 64, 5),
+                    (20, 1024, 16),
+                    (9, 32768, 30),
+                ] {
+                    let blocks = ggml_blocks(dtype, rows, k, &mut rng);
+                    let w = QMatrix::from_ggml(dtype, rows, k, &blocks, layout).expect("repack");
+                    let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
+                    let mut acts = QActs::new(k, layout);
+                    quantize(&pool, &x, seq, None, &mut acts);
+                    let stride = rows + 3;
+                    let mut out = vec![1f32; seq * stride];
+                    matmul(&pool, isa, &w, &acts, seq, &mut out, stride, Epilogue::Add);
+                    let mut wrow = vec![0f32; k];
+                    for r in 0..rows {
+                        w.dequantize_row(r, &mut wrow);
+                        for c in 0..seq {
+                            let xr = &x[c * k..(c + 1) * k];
+                            let exact: f32 = wrow.iter().zip(xr).map(|(a, b)| a * b).sum();
+                            let mag: f32 = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                            let got = out[c * stride + r] - 1.0;
+                            // 8-bit activations: about 1/254 relative error per value.
+                            assert!(
                             (got - exact).abs() <= 0.01 * mag + 1e-4,
-                            "{dtype:?} {rows}x{k} token {c} row {r}: {got} vs {exact}"
+                            "{isa:?} {layout:?} {dtype:?} {rows}x{k} token {c} row {r}: {got} vs {exact}"
+                        );
+                        }
+                    }
+                    for c in 0..seq {
+                        assert!(
+                            out[c * stride + rows..(c + 1) * stride]
+                                .iter()
+                                .all(|&v| v == 1.0),
+                            "padding touched"
                         );
                     }
                 }
-                for c in 0..seq {
-                    assert!(
-                        out[c * stride + rows..(c + 1) * stride]
-                            .iter()
-                            .all(|&v| v == 1.0),
-                        "padding touched"
-                    );
-                }
             }
         }
+    }
+
+    #[test]
+    fn token_blocks_fit_the_cache_budget_in_whole_tiles() {
+        for k in [64usize, 576, 2048, 8192, 1 << 20] {
+            let b = tokens_per_block(k);
+            assert!(b >= 4 && b.is_multiple_of(4), "k={k}: {b}");
+            assert!(
+                b == 4 || b * (k + k / BLOCK * 8) <= ACT_BLOCK_BYTES,
+                "k={k}: {b}"
+            );
+        }
+        // SmolLM2's rows take a whole 512-token prompt in one block; 1B's FFN rows do not.
+        assert!(tokens_per_block(576) >= 512);
+        assert!(tokens_per_block(8192) < 64);
     }
 
     #[test]
@@ -751,17 +839,19 @@ mod k_quant_tests {
             .expect("dequantize")
             .to_vec2::<f32>()
             .expect("values");
-        let m =
-            QMatrix::from_ggml(GgmlDType::Q4K, rows, k, &q.data().expect("data")).expect("repack");
-        let mut row = vec![0f32; k];
-        for (r, want) in reference.iter().enumerate() {
-            m.dequantize_row(r, &mut row);
-            for (a, b) in row.iter().zip(want) {
-                // Scale and minimum are f16 here: relative rounding 2^-11 of each.
-                assert!(
-                    (a - b).abs() <= 2e-3 * (1.0 + b.abs()),
-                    "row {r}: {a} vs {b}"
-                );
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            let m = QMatrix::from_ggml(GgmlDType::Q4K, rows, k, &q.data().expect("data"), layout)
+                .expect("repack");
+            let mut row = vec![0f32; k];
+            for (r, want) in reference.iter().enumerate() {
+                m.dequantize_row(r, &mut row);
+                for (a, b) in row.iter().zip(want) {
+                    // Scale and minimum are f16 here: relative rounding 2^-11 of each.
+                    assert!(
+                        (a - b).abs() <= 2e-3 * (1.0 + b.abs()),
+                        "{layout:?} row {r}: {a} vs {b}"
+                    );
+                }
             }
         }
     }
