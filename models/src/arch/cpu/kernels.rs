@@ -352,36 +352,28 @@ pub(crate) fn tile<const R: usize, const C: usize>(
         a.q.len() >= C * kp && a.d.len() >= C * nbp && a.s.len() >= C * nbp,
         "activation tile too short"
     );
-    if w.layout == Layout::Lanes {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => {
-                // SAFETY: every caller of this crate-private function passes a tier from
-                // `Isa::detect`/`Isa::choose`, which return only members of
-                // `Isa::available`, and that lists a tier after checking every feature its
-                // kernel enables; the slice lengths were checked above.
-                unsafe {
-                    match w.fmt {
-                        Format::Q8_0 => x86::tile_avx512_lanes::<Q8, R, C>(w, a, out),
-                        Format::Q4_0 => x86::tile_avx512_lanes::<Q40, R, C>(w, a, out),
-                        Format::Q4_1 => x86::tile_avx512_lanes::<Q41, R, C>(w, a, out),
-                    }
-                }
-            }
-            // Only AVX-512 reads this layout fast; the portable code reads any.
-            _ => tile_scalar(w, a, out),
-        }
-        return;
-    }
-    match isa {
-        // AVX-512 reads the pair layout with its AVX2 kernel (`Isa::available` lists
-        // AVX-512 only where AVX2, FMA and F16C are present).
+    match (isa, w.layout) {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni | Isa::Avx2 => {
+        (Isa::Avx512Vnni, Layout::Lanes) => {
             // SAFETY: every caller of this crate-private function passes a tier from
             // `Isa::detect`/`Isa::choose`, which return only members of `Isa::available`,
             // and that lists a tier after checking every feature its kernel enables (here
             // and below); the slice lengths were checked above.
+            unsafe {
+                match w.fmt {
+                    Format::Q8_0 => x86::tile_avx512_lanes::<Q8, R, C>(w, a, out),
+                    Format::Q4_0 => x86::tile_avx512_lanes::<Q40, R, C>(w, a, out),
+                    Format::Q4_1 => x86::tile_avx512_lanes::<Q41, R, C>(w, a, out),
+                }
+            }
+        }
+        // Only AVX-512 reads the lane layout fast; the portable code reads any.
+        (_, Layout::Lanes) => tile_scalar(w, a, out),
+        // AVX-512 reads the pair layout with its AVX2 kernel (`Isa::available` lists
+        // AVX-512 only where AVX2, FMA and F16C are present).
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512Vnni | Isa::Avx2, _) => {
+            // SAFETY: as above, for the AVX2/FMA/F16C features.
             unsafe {
                 match w.fmt {
                     Format::Q8_0 => x86::tile_avx2::<Q8, R, C>(w, a, out),
@@ -391,7 +383,7 @@ pub(crate) fn tile<const R: usize, const C: usize>(
             }
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx => {
+        (Isa::Avx, _) => {
             // SAFETY: as above, for the AVX/FMA/F16C features.
             unsafe {
                 match w.fmt {
@@ -402,7 +394,7 @@ pub(crate) fn tile<const R: usize, const C: usize>(
             }
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => {
+        (Isa::Neon, _) => {
             // SAFETY: NEON is part of the aarch64 baseline; the slice lengths were checked
             // above.
             unsafe {
