@@ -108,23 +108,14 @@ impl QMatrix {
                 m.m[r * nbp + b] = min;
             }
             let row = &mut m.q[r * rb..(r + 1) * rb];
-            match (fmt, layout) {
-                (Format::Q8_0, Layout::Pairs) => row[b * BLOCK..(b + 1) * BLOCK].copy_from_slice(u),
-                (Format::Q4_0 | Format::Q4_1, Layout::Pairs) => {
-                    let shift = if b.is_multiple_of(2) { 0 } else { 4 };
-                    for (dst, &v) in row[(b / 2) * BLOCK..(b / 2 + 1) * BLOCK].iter_mut().zip(u) {
-                        *dst |= v << shift;
-                    }
-                }
-                // Lanes: each group of four values is contiguous in its lane.
-                (Format::Q8_0, Layout::Lanes) => {
-                    for (g, four) in u.chunks_exact(4).enumerate() {
+            // Each group of four values is contiguous in either layout.
+            for (g, four) in u.chunks_exact(4).enumerate() {
+                match fmt {
+                    Format::Q8_0 => {
                         let at = layout.byte_index(nbp, b, 4 * g);
                         row[at..at + 4].copy_from_slice(four);
                     }
-                }
-                (Format::Q4_0 | Format::Q4_1, Layout::Lanes) => {
-                    for (g, four) in u.chunks_exact(4).enumerate() {
+                    Format::Q4_0 | Format::Q4_1 => {
                         let (at, shift) = layout.nibble_index(nbp, b, 4 * g);
                         for (dst, &v) in row[at..at + 4].iter_mut().zip(four) {
                             *dst |= v << shift;
