@@ -7,7 +7,7 @@
 # per token × tokens/s as a share of that bandwidth.
 #
 # Usage: benches/llm/scale.sh [--threads N] [--reps N] [--shapes "A B"] [--types "Q8_0 Q4_K_M"]
-#                             [--files "PATH ..."]
+#                             [--files "PATH ..."] [--avx2]
 #
 #   --threads N    threads for both engines (default 2)
 #   --reps N       measured repetitions (default 3)
@@ -15,6 +15,9 @@
 #   --types T      llama-quantize types (default "Q8_0 Q4_K_M")
 #   --files F      existing GGUF files measured in the same run, as they are (for example the
 #                  Gemma 3 270M Q4_K_M file of the model sources); --shapes "" runs only these
+#   --avx2         the AVX2 tier on a CPU that has more: starling with STARLING_ISA=avx2, and
+#                  llama.cpp built a second time with AVX-512 off (-DGGML_NATIVE=OFF
+#                  -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON, cached in target/llama.cpp/avx2/)
 #
 # llama.cpp and starling are built by compare.sh (--build-only, cached); the files are
 # written once under target/llama.cpp/models/scale/ (about 10 GB with the F16 sources).
@@ -27,6 +30,7 @@ REPS=3
 SHAPES="llama-3.2-1b qwen2.5-1.5b"
 TYPES="Q8_0 Q4_K_M"
 FILES=""
+AVX2=0
 PP=512
 TG=128
 
@@ -37,6 +41,7 @@ while [[ $# -gt 0 ]]; do
         --shapes) SHAPES="$2"; shift 2 ;;
         --types) TYPES="$2"; shift 2 ;;
         --files) FILES="$2"; shift 2 ;;
+        --avx2) AVX2=1; shift ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
@@ -50,6 +55,25 @@ log "building the random-weight writer (release)"
 WRITE="$ROOT/target/release/examples/write_tiny"
 STARLING="$ROOT/target/release/starling"
 LB="$LLAMA_DIR/bin/llama-bench"
+TIER="native"
+if [[ $AVX2 == 1 ]]; then
+    grep -qw avx2 /proc/cpuinfo || { echo "--avx2: this CPU has no AVX2" >&2; exit 2; }
+    AVX2_DIR="$LLAMA_DIR/avx2"
+    if [[ ! -x "$AVX2_DIR/bin/llama-bench" ]]; then
+        src="$(find "$LLAMA_DIR" -maxdepth 4 -type d -path '*vendor/llama.cpp' | head -n1)"
+        log "building llama.cpp with AVX2 and without AVX-512 from $src"
+        cmake -S "$src" -B "$AVX2_DIR/build" -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+            -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF \
+            -DGGML_AVX_VNNI=OFF -DGGML_AMX_INT8=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+            -DBUILD_SHARED_LIBS=OFF -DCMAKE_BUILD_TYPE=Release >&2
+        cmake --build "$AVX2_DIR/build" --config Release -j "$(nproc)" --target llama-bench >&2
+        mkdir -p "$AVX2_DIR/bin"
+        cp "$(find "$AVX2_DIR/build" -type f -name llama-bench -perm -u+x | head -n1)" "$AVX2_DIR/bin/"
+    fi
+    LB="$AVX2_DIR/bin/llama-bench"
+    export STARLING_ISA=avx2
+    TIER="AVX2 tier: starling STARLING_ISA=avx2, llama.cpp built with AVX2 and AVX-512 off"
+fi
 MODELS="$LLAMA_DIR/models/scale"
 OUT="$LLAMA_DIR/runs/scale-$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$MODELS" "$OUT"
@@ -59,7 +83,7 @@ FLAGS="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' \
     | grep -E '^(avx|avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni|avx_vnni|amx_int8)$' \
     | tr '\n' ' ' || true)"
 MODEL_NAME="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //' || true)"
-echo "$MODEL_NAME | $FLAGS" >"$OUT/cpu.txt"
+echo "$MODEL_NAME | $FLAGS | $TIER" >"$OUT/cpu.txt"
 
 files=()
 declare -A PATHS

@@ -10,11 +10,12 @@
 //! multiply-add per block outside the inner loop.
 //!
 //! Rows are padded to a whole number of pairs of blocks with zero blocks and arranged in
-//! one of two [`Layout`]s, chosen per tier at load: AVX2, AVX, NEON and the scalar code
-//! read blocks in order, two to a 64-value pair (Q8 pairs are 64 bytes, Q4 pairs 32 bytes
-//! whose low nibbles are the first block and high nibbles the second); AVX-512 reads chunks
-//! of 16 blocks interleaved in 4-byte lanes, so that each block's dot product builds up in
-//! a 32-bit lane of its own and its scales are applied once per block.
+//! one of two [`Layout`]s, chosen per tier at load: AVX, NEON and the scalar code read
+//! blocks in order, two to a 64-value pair (Q8 pairs are 64 bytes, Q4 pairs 32 bytes whose
+//! low nibbles are the first block and high nibbles the second); AVX-512 and AVX2 read
+//! chunks of 16 blocks interleaved in 4-byte lanes (AVX2 as two 256-bit halves of 8), so
+//! that each block's dot product builds up in a 32-bit lane of its own and its scales are
+//! applied once per block.
 //!
 //! Five implementations: AVX-512 VNNI, AVX2 (+FMA, F16C), AVX (+FMA, F16C, without AVX2:
 //! 128-bit integer products), aarch64 NEON and portable scalar code, chosen at run time
@@ -79,13 +80,13 @@ pub(crate) enum Layout {
 }
 
 impl Layout {
-    /// The layout the kernels of `isa` read fastest: [`Layout::Lanes`] for AVX-512 VNNI,
+    /// The layout the kernels of `isa` read fastest: [`Layout::Lanes`] for AVX-512 VNNI
+    /// and AVX2 (which reads each 64-byte step as two halves of eight lanes),
     /// [`Layout::Pairs`] for the others (their registers hold one or two blocks).
     pub(crate) fn for_isa(isa: Isa) -> Self {
-        if isa == Isa::Avx512Vnni {
-            Self::Lanes
-        } else {
-            Self::Pairs
+        match isa {
+            Isa::Avx512Vnni | Isa::Avx2 => Self::Lanes,
+            Isa::Avx | Isa::Neon | Isa::Scalar => Self::Pairs,
         }
     }
 
@@ -367,7 +368,18 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                 }
             }
         }
-        // Only AVX-512 reads the lane layout fast; the portable code reads any.
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Layout::Lanes) => {
+            // SAFETY: as above, for the AVX2/FMA/F16C features.
+            unsafe {
+                match w.fmt {
+                    Format::Q8_0 => x86::tile_avx2_lanes::<Q8, R, C>(w, a, out),
+                    Format::Q4_0 => x86::tile_avx2_lanes::<Q40, R, C>(w, a, out),
+                    Format::Q4_1 => x86::tile_avx2_lanes::<Q41, R, C>(w, a, out),
+                }
+            }
+        }
+        // The other tiers read the lane layout with the portable code.
         (_, Layout::Lanes) => tile_scalar(w, a, out),
         // AVX-512 reads the pair layout with its AVX2 kernel (`Isa::available` lists
         // AVX-512 only where AVX2, FMA and F16C are present).
@@ -597,6 +609,8 @@ fn tile_scalar<const R: usize, const C: usize>(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    use half::f16;
 
     use super::{offset, row_bytes, ActRows, Chunk, WeightRows, BLOCK, LANES, Q41, Q8};
 
@@ -1044,6 +1058,352 @@ mod x86 {
             );
             // SAFETY: out[c] holds four f32.
             unsafe { _mm_storeu_ps(out[c].as_mut_ptr(), s) };
+        }
+    }
+
+    /// Lanes of one 256-bit half of a chunk step in use: all 8, or the first `used`
+    /// (a short last chunk), as a `vpmaskmovd` mask.
+    #[inline(always)]
+    unsafe fn lane_mask(used: usize) -> __m256i {
+        // SAFETY: plain register arithmetic (the callers enable AVX2).
+        unsafe {
+            let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(used as i32), idx)
+        }
+    }
+
+    /// Eight 32-bit lanes at `p`: a plain load when all are in use, a masked one (which
+    /// touches no byte of a lane left out) otherwise.
+    #[inline(always)]
+    unsafe fn load_lanes<T>(p: *const T, used: usize, mask: __m256i) -> __m256i {
+        // SAFETY: the caller guarantees the `used` lanes at `p` are readable.
+        unsafe {
+            if used == 8 {
+                _mm256_loadu_si256(p as *const _)
+            } else {
+                _mm256_maskload_epi32(p as *const i32, mask)
+            }
+        }
+    }
+
+    /// AVX2 tile kernel over rows in [`super::Layout::Lanes`]: each 512-bit step of a chunk
+    /// is read as two 256-bit halves of eight 4-byte lanes, one lane per block (or per
+    /// part of a block in a short last chunk), so that a block's products build up in a
+    /// lane of their own and no horizontal add is needed until the end of the row (the
+    /// pair-layout kernel folds every block's products with three `phadd`s, which run on
+    /// one shuffle port). Q4 products stay 16-bit for a whole chunk: a `vpmaddubsw` lane is
+    /// at most 2·15·127 = 3810 in magnitude and a lane takes eight of them, 30480 < 2^15.
+    /// Q8 rows are turned back into signed bytes (`u ^ 0x80`) and multiplied with the sign
+    /// trick of [`tile_avx2`], widened to 32 bits after every step.
+    ///
+    /// Activation rows go two at a time, so that a pair's 4 × 2 integer sums, the weights
+    /// and the activations fit the sixteen registers; the float sums, touched once per
+    /// chunk half, live in memory.
+    ///
+    /// # Safety
+    /// As [`tile_avx2`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_avx2_lanes<const F: u8, const R: usize, const C: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        out: &mut [[f32; R]; C],
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); R]; C];
+        let mut c0 = 0;
+        while c0 < C {
+            // SAFETY: the caller's contract; rows c0..c0 + 2 (or c0) exist.
+            unsafe {
+                if c0 + 2 <= C {
+                    lanes_avx2_rows::<F, R, C, 2>(w, a, c0, &mut acc);
+                    c0 += 2;
+                } else {
+                    lanes_avx2_rows::<F, R, C, 1>(w, a, c0, &mut acc);
+                    c0 += 1;
+                }
+            }
+        }
+        for c in 0..C {
+            if R == 4 {
+                // The four rows' sums by one tree of horizontal adds (the same for every
+                // activation row, so a token's bits do not depend on its tile).
+                // SAFETY: plain register arithmetic; out[c] holds four f32.
+                unsafe {
+                    let h01 = _mm256_hadd_ps(acc[c][0], acc[c][1]);
+                    let h23 = _mm256_hadd_ps(acc[c][2], acc[c][3]);
+                    let h = _mm256_hadd_ps(h01, h23);
+                    let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+                    _mm_storeu_ps(out[c].as_mut_ptr(), s);
+                }
+            } else {
+                for r in 0..R {
+                    // SAFETY: plain register arithmetic on an initialised vector.
+                    out[c][r] = unsafe { hsum256(acc[c][r]) };
+                }
+            }
+        }
+    }
+
+    /// The products of activation rows `c0..c0 + N` with the tile's weight rows, added
+    /// to `acc`; see [`tile_avx2_lanes`].
+    #[inline(always)]
+    unsafe fn lanes_avx2_rows<const F: u8, const R: usize, const C: usize, const N: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        c0: usize,
+        acc: &mut [[__m256; R]; C],
+    ) {
+        let nbp = w.nbp;
+        let mut chunk = 0;
+        while chunk < nbp {
+            let ch = Chunk::at(nbp, chunk);
+            // SAFETY: the caller's contract; chunk `ch` lies inside every row.
+            unsafe {
+                if ch.n == LANES {
+                    // A whole chunk: two halves of eight blocks, eight steps of 64 bytes.
+                    for h in 0..2 {
+                        let dot = half_dots::<F, R, N>(w, a, c0, ch, h, 8, _mm256_set1_epi32(-1));
+                        let first = chunk + 8 * h;
+                        for r in 0..R {
+                            let dw = load_f16x8(w.d.as_ptr().add(r * nbp + first));
+                            let m = bias8::<F>(w, r * nbp + first);
+                            for c in 0..N {
+                                let row = (c0 + c) * nbp + first;
+                                let da = _mm256_loadu_ps(a.d.as_ptr().add(row));
+                                let x = &mut acc[c0 + c][r];
+                                *x = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(dot[c][r]),
+                                    _mm256_mul_ps(dw, da),
+                                    *x,
+                                );
+                                if let Some(m) = m {
+                                    let sa = _mm256_loadu_ps(a.s.as_ptr().add(row));
+                                    *x = _mm256_fmadd_ps(m, sa, *x);
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    short_chunk::<F, R, C, N>(w, a, c0, ch, acc);
+                }
+            }
+            chunk += LANES;
+        }
+    }
+
+    /// Eight f16 values at `p` as f32.
+    #[inline(always)]
+    unsafe fn load_f16x8(p: *const f16) -> __m256 {
+        // SAFETY: the caller guarantees eight values at `p`; F16C is enabled by the callers.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const _)) }
+    }
+
+    /// The biases of blocks `b..b + 8` of the weights (a Q4 format), none for Q8.
+    #[inline(always)]
+    unsafe fn bias8<const F: u8>(w: &WeightRows<'_>, b: usize) -> Option<__m256> {
+        // SAFETY: the caller guarantees blocks b..b + 8 exist.
+        unsafe {
+            if F == Q8 {
+                None
+            } else if F == Q41 {
+                Some(load_f16x8(w.m.as_ptr().add(b)))
+            } else {
+                Some(_mm256_mul_ps(
+                    load_f16x8(w.d.as_ptr().add(b)),
+                    _mm256_set1_ps(-offset(F)),
+                ))
+            }
+        }
+    }
+
+    /// The integer dot products, per lane, of half `h` of chunk `ch` (its `used` lanes,
+    /// `mask` when fewer than 8) of the tile's weight rows with activation rows
+    /// `c0..c0 + N`.
+    #[inline(always)]
+    unsafe fn half_dots<const F: u8, const R: usize, const N: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        c0: usize,
+        ch: Chunk,
+        h: usize,
+        used: usize,
+        mask: __m256i,
+    ) -> [[__m256i; R]; N] {
+        let kp = w.nbp * BLOCK;
+        let rb = row_bytes(F, kp);
+        let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
+        let (step, steps) = (ch.step_bytes(), ch.steps());
+        let mut dot = [[_mm256_setzero_si256(); R]; N];
+        // SAFETY: every load reads the `used` lanes of one step of the chunk, inside row r
+        // of the weights or row c0 + c of the activations.
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            if F == Q8 {
+                let flip = _mm256_set1_epi8(-128);
+                for t in 0..steps {
+                    let at = ch.start * BLOCK + t * step + 32 * h;
+                    let mut av = [_mm256_setzero_si256(); N];
+                    for c in 0..N {
+                        av[c] = load_lanes(aq.add((c0 + c) * kp + at), used, mask);
+                    }
+                    for r in 0..R {
+                        let wv =
+                            _mm256_xor_si256(load_lanes(wq.add(r * rb + at), used, mask), flip);
+                        let aw = _mm256_abs_epi8(wv);
+                        for c in 0..N {
+                            let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(av[c], wv));
+                            dot[c][r] = _mm256_add_epi32(dot[c][r], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            } else {
+                let low = _mm256_set1_epi8(0x0F);
+                let half = steps / 2;
+                for s in 0..half {
+                    let at = ch.start * BLOCK + s * step + 32 * h;
+                    let mut al = [_mm256_setzero_si256(); N];
+                    let mut ah = [_mm256_setzero_si256(); N];
+                    for c in 0..N {
+                        let base = aq.add((c0 + c) * kp + at);
+                        al[c] = load_lanes(base, used, mask);
+                        ah[c] = load_lanes(base.add(half * step), used, mask);
+                    }
+                    for r in 0..R {
+                        let x = load_lanes(
+                            wq.add(r * rb + ch.start * BLOCK / 2 + s * step + 32 * h),
+                            used,
+                            mask,
+                        );
+                        let lo = _mm256_and_si256(x, low);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), low);
+                        for c in 0..N {
+                            dot[c][r] =
+                                _mm256_add_epi16(dot[c][r], _mm256_maddubs_epi16(lo, al[c]));
+                            dot[c][r] =
+                                _mm256_add_epi16(dot[c][r], _mm256_maddubs_epi16(hi, ah[c]));
+                        }
+                    }
+                }
+                for c in 0..N {
+                    for r in 0..R {
+                        dot[c][r] = _mm256_madd_epi16(dot[c][r], ones);
+                    }
+                }
+            }
+        }
+        dot
+    }
+
+    /// A short last chunk (fewer than 16 blocks, each over `ch.per` lanes); see
+    /// [`lanes_avx2_rows`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn short_chunk<const F: u8, const R: usize, const C: usize, const N: usize>(
+        w: &WeightRows<'_>,
+        a: &ActRows<'_>,
+        c0: usize,
+        ch: Chunk,
+        acc: &mut [[__m256; R]; C],
+    ) {
+        let nbp = w.nbp;
+        let n = ch.n;
+        // SAFETY (whole body): masked loads of the chunk's lanes and of its `n` blocks'
+        // values, inside the rows.
+        unsafe {
+            // Lane l of half h holds part of block (8h + l) / per; with per > 1 every block
+            // is among the first 8.
+            let shift = _mm256_set1_epi32(ch.per.trailing_zeros() as i32);
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let spread = |v: [__m256; 2]| -> [__m256; 2] {
+                if ch.per == 1 {
+                    v
+                } else {
+                    let idx = |h: i32| {
+                        _mm256_srlv_epi32(_mm256_add_epi32(lanes, _mm256_set1_epi32(8 * h)), shift)
+                    };
+                    [
+                        _mm256_permutevar8x32_ps(v[0], idx(0)),
+                        _mm256_permutevar8x32_ps(v[0], idx(1)),
+                    ]
+                }
+            };
+            let mut dw = [[_mm256_setzero_ps(); 2]; R];
+            let mut m = [[_mm256_setzero_ps(); 2]; R];
+            for r in 0..R {
+                let d = f16s(w.d.as_ptr().add(r * nbp + ch.start), n);
+                dw[r] = spread(d);
+                if F == Q41 {
+                    m[r] = f16s(w.m.as_ptr().add(r * nbp + ch.start), n);
+                } else if F != Q8 {
+                    let k = _mm256_set1_ps(-offset(F));
+                    m[r] = [_mm256_mul_ps(d[0], k), _mm256_mul_ps(d[1], k)];
+                }
+            }
+            let mut da = [[_mm256_setzero_ps(); 2]; N];
+            let mut sa = [[_mm256_setzero_ps(); 2]; N];
+            for c in 0..N {
+                let row = (c0 + c) * nbp + ch.start;
+                da[c] = spread(f32s(a.d.as_ptr().add(row), n));
+                if F != Q8 {
+                    sa[c] = f32s(a.s.as_ptr().add(row), n);
+                }
+            }
+            for h in 0..2 {
+                if 8 * h >= ch.lanes() {
+                    break;
+                }
+                let used = (ch.lanes() - 8 * h).min(8);
+                let dot = half_dots::<F, R, N>(w, a, c0, ch, h, used, lane_mask(used));
+                for r in 0..R {
+                    for c in 0..N {
+                        let x = &mut acc[c0 + c][r];
+                        let scale = _mm256_mul_ps(dw[r][h], da[c][h]);
+                        *x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c][r]), scale, *x);
+                    }
+                }
+            }
+            if F != Q8 {
+                // Biases per block, in block order (lane i is block ch.start + i).
+                for r in 0..R {
+                    for c in 0..N {
+                        let x = &mut acc[c0 + c][r];
+                        *x = _mm256_fmadd_ps(m[r][0], sa[c][0], *x);
+                        *x = _mm256_fmadd_ps(m[r][1], sa[c][1], *x);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `n` (even, at most 16) f16 values at `p` as two vectors of f32, zero past `n`.
+    #[inline(always)]
+    unsafe fn f16s(p: *const f16, n: usize) -> [__m256; 2] {
+        // SAFETY: the caller guarantees `n` values at `p`; `n` is even, so the masked
+        // 32-bit loads cover whole values.
+        unsafe {
+            let part = |q: *const f16, k: usize| {
+                let mask = _mm256_castsi256_si128(lane_mask(k / 2));
+                _mm256_cvtph_ps(_mm_maskload_epi32(q as *const i32, mask))
+            };
+            if n <= 8 {
+                [part(p, n), _mm256_setzero_ps()]
+            } else {
+                [load_f16x8(p), part(p.add(8), n - 8)]
+            }
+        }
+    }
+
+    /// `n` (at most 16) f32 values at `p` as two vectors, zero past `n`.
+    #[inline(always)]
+    unsafe fn f32s(p: *const f32, n: usize) -> [__m256; 2] {
+        // SAFETY: the caller guarantees `n` values at `p`.
+        unsafe {
+            if n <= 8 {
+                [_mm256_maskload_ps(p, lane_mask(n)), _mm256_setzero_ps()]
+            } else {
+                [
+                    _mm256_loadu_ps(p),
+                    _mm256_maskload_ps(p.add(8), lane_mask(n - 8)),
+                ]
+            }
         }
     }
 
