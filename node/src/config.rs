@@ -226,6 +226,11 @@ impl From<MembershipChoice> for MembershipPreset {
     }
 }
 
+/// The default cosine at which `tool_choice: "auto"` calls the most similar tool
+/// (`[api] tool_router_threshold`, `starling serve --tool-router`; how it was chosen is in
+/// `benches/tools/README.md`).
+pub const DEFAULT_TOOL_ROUTER: f32 = 0.3;
+
 /// `[api]`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -242,6 +247,12 @@ pub struct ApiSection {
     /// besides pages served from this machine (loopback), which always may. Pages of other
     /// origins get no CORS headers, so the browser keeps them from reading answers.
     pub cors_origins: Vec<String>,
+    /// `tool_choice: "auto"` asks the embedding model which offered tool fits the user's
+    /// message, and calls it when the cosine reaches `tool_router_threshold`; `false`
+    /// leaves every such choice to the chat model (which, at 135M, never calls).
+    pub tool_router: bool,
+    /// The cosine (0 < t <= 1) at which the router calls the most similar tool.
+    pub tool_router_threshold: f32,
 }
 
 impl Default for ApiSection {
@@ -251,7 +262,16 @@ impl Default for ApiSection {
             max_inflight: 32,
             keys: Vec::new(),
             cors_origins: Vec::new(),
+            tool_router: true,
+            tool_router_threshold: DEFAULT_TOOL_ROUTER,
         }
+    }
+}
+
+impl ApiSection {
+    /// [`crate::api::ApiConfig::tool_router`] as this section sets it.
+    pub fn tool_router(&self) -> Option<f32> {
+        self.tool_router.then_some(self.tool_router_threshold)
     }
 }
 
@@ -649,6 +669,9 @@ impl NodeConfig {
         if let Err(e) = check_cors_origins(&self.api.cors_origins) {
             return invalid("api.cors_origins", &e);
         }
+        if !(self.api.tool_router_threshold > 0.0 && self.api.tool_router_threshold <= 1.0) {
+            return invalid("api.tool_router_threshold", "must be above 0 and at most 1");
+        }
         if self.models.context < 16 {
             return invalid("models.context", "must be at least 16 tokens");
         }
@@ -996,6 +1019,14 @@ mod tests {
             ("[api]\nlisten = \"0.0.0.0:7431\"", "api.keys"),
             ("[api]\nkeys = [\"short\"]", "api.keys"),
             ("[api]\ncors_origins = [\"*\"]", "api.cors_origins"),
+            (
+                "[api]\ntool_router_threshold = 0",
+                "api.tool_router_threshold",
+            ),
+            (
+                "[api]\ntool_router_threshold = 1.5",
+                "api.tool_router_threshold",
+            ),
             (
                 "[api]\ncors_origins = [\"app.example.com\"]",
                 "api.cors_origins",

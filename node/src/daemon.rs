@@ -221,6 +221,7 @@ impl Node {
             max_inflight: config.api.max_inflight,
             loopback_hosts_only: config.api.listen.ip().is_loopback(),
             api_keys: config.api.keys.clone(),
+            tool_router: config.api.tool_router(),
             // Checked when a config file is read; checked here again for a caller that
             // built the config itself.
             cors_origins: crate::config::check_cors_origins(&config.api.cors_origins)

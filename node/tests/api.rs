@@ -727,6 +727,51 @@ async fn tool_calls_parse_and_validate_whole_and_streamed() {
     server.stop().await;
 }
 
+#[tokio::test]
+async fn auto_calls_the_tool_the_embedding_model_finds_closest_to_the_question() {
+    use starling_models::embed::{BertEmbedder, EmbedHandle};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = tiny_engine(dir.path(), 4096);
+    let embedder = EmbedHandle::spawn(
+        BertEmbedder::load(starling_models::testing::embedding_model()).expect("embedder"),
+    )
+    .expect("embedder thread");
+    let state = AppState::new(ApiConfig::default())
+        .with_chat_model_named(ModelSlot::new(engine), vec![])
+        .with_embedder(embedder);
+    let server = Server::start(state).await;
+    let ask = |question: &str| {
+        json!({
+            "model": "tiny",
+            "messages": [{"role": "user", "content": question}],
+            "tools": weather_tools(),
+            "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "max_tokens": 200,
+            "temperature": 1.0,
+            "seed": 0,
+        })
+    };
+    // The router (on by default) calls get_weather for a weather question, whatever the
+    // random-weight model would have chosen; its arguments fit the schema.
+    for q in [
+        "What is the weather in Paris?",
+        "Is it raining in Oslo right now?",
+    ] {
+        let (status, body) = post(&server, "/v1/chat/completions", &ask(q)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{q}: {body}");
+        let calls = choice["message"]["tool_calls"]
+            .as_array()
+            .expect("tool_calls");
+        calls
+            .iter()
+            .for_each(|c| check_call(c, Some("get_weather")));
+    }
+    server.stop().await;
+}
+
 /// The conversation with a call and its result that [`check_tool_calls`] continues.
 fn tool_history() -> Value {
     json!([

@@ -489,11 +489,47 @@ pub(crate) struct Started {
     pub tool_syntax: Option<Syntax>,
 }
 
+/// The embedding router for `tool_choice: "auto"` ([`ToolPlan::route`]), when it is on,
+/// the request is one it decides and an embedding model is served. An embedding that fails
+/// leaves the decision to the chat model.
+async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
+    let Some(threshold) = state.config().tool_router else {
+        return;
+    };
+    let Some(tp) = plan.tools.as_mut() else {
+        return;
+    };
+    if !tp.routes(&plan.messages) {
+        return;
+    }
+    let Some(embedder) = state.embedder() else {
+        return;
+    };
+    let question = plan
+        .messages
+        .last()
+        .map(|m| m.content.clone())
+        .unwrap_or_default();
+    let mut texts = vec![question];
+    texts.extend(tp.route_texts());
+    match embedder.embed(texts).await {
+        Ok(vectors) => {
+            let sims = tools::similarities(&vectors);
+            match tp.route(&sims, threshold) {
+                Some(tool) => tracing::debug!(tool, "tool router: calling the most similar tool"),
+                None => tracing::debug!("tool router: no tool similar enough; the model decides"),
+            }
+        }
+        Err(e) => tracing::warn!("tool router: embedding failed ({e}); the model decides"),
+    }
+}
+
 /// Picks the engine for `plan`, adds worked examples and tool instructions, admits the
 /// request and starts generating. The front ends (OpenAI's chat completions, Ollama's chat
 /// and generate) differ only in how they read requests and write answers.
 pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Started, ApiError> {
     let engine = state.chat_engine(plan.model.as_deref())?;
+    route_tools(state, plan).await;
     let context = engine.info().context_length;
     let max_tokens = plan
         .max_tokens

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 
 /// Limits and defaults of the API.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ApiConfig {
     /// Largest accepted request body, in bytes (larger ones get 413).
     pub max_body_bytes: usize,
@@ -44,6 +44,11 @@ pub struct ApiConfig {
     /// Web origins (lower-case, as [`crate::config::check_cors_origin`] returns them) whose
     /// pages get CORS headers, besides loopback pages, which always do.
     pub cors_origins: Vec<String>,
+    /// The embedding router for `tool_choice: "auto"` ([`super::tools::ToolPlan::route`]):
+    /// with an embedding model served, the offered tool most similar to the user's message
+    /// is called when the cosine reaches this; `None` leaves every `auto` decision to the
+    /// chat model.
+    pub tool_router: Option<f32>,
 }
 
 impl Default for ApiConfig {
@@ -59,6 +64,7 @@ impl Default for ApiConfig {
             body_timeout: std::time::Duration::from_secs(60),
             max_connections: 1024,
             cors_origins: Vec::new(),
+            tool_router: Some(crate::config::DEFAULT_TOOL_ROUTER),
         }
     }
 }

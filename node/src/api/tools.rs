@@ -293,6 +293,49 @@ impl ToolPlan {
         })
     }
 
+    /// What the embedding router compares with the user's message, one text per tool:
+    /// `name: description`.
+    pub fn route_texts(&self) -> Vec<String> {
+        self.tools
+            .iter()
+            .map(|t| format!("{}: {}", t.name, t.description.trim()))
+            .collect()
+    }
+
+    /// Whether the embedding router decides this request: `auto`, and the conversation
+    /// ends with the user's message (after a tool result the model answers or calls
+    /// again by itself, so a loop of calls cannot start here).
+    pub fn routes(&self, messages: &[ChatMessage]) -> bool {
+        self.choice == ToolChoice::Auto
+            && !self.tools.is_empty()
+            && messages.last().is_some_and(|m| m.role == "user")
+    }
+
+    /// The embedding router's decision under `auto`, from the cosine similarity of the
+    /// user's message to each tool's [`route_texts`](Self::route_texts): the most similar
+    /// tool is called when its similarity reaches `threshold` (`tool_choice` becomes that
+    /// tool, whose arguments the model then writes under its schema); below it `auto`
+    /// stays, and the model chooses between a call and an answer. Returns the tool chosen.
+    ///
+    /// Why: left to itself a small model never starts a call under `auto` (0 of 36
+    /// prompts that wanted one, `benches/tools/README.md`), while the embedding model
+    /// ranks the tools well; which tool, and whether any, is a choice among grounded
+    /// options, the arguments stay the chat model's, under the constraint.
+    pub fn route(&mut self, similarities: &[f32], threshold: f32) -> Option<&str> {
+        if self.choice != ToolChoice::Auto || similarities.len() != self.tools.len() {
+            return None;
+        }
+        let (best, sim) = similarities
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))?;
+        if *sim < threshold {
+            return None;
+        }
+        self.choice = ToolChoice::Named(self.tools[best].name.clone());
+        Some(&self.tools[best].name)
+    }
+
     /// Most calls in one answer.
     fn max_calls(&self) -> usize {
         if self.parallel {
@@ -436,6 +479,26 @@ impl ToolPlan {
             _ => messages.insert(0, ChatMessage::new("system", text)),
         }
     }
+}
+
+/// The cosine similarity of `vectors[0]` (the user's message) to each of the others (the
+/// tools' [`ToolPlan::route_texts`]); 0 for an empty or mismatched vector.
+pub fn similarities(vectors: &[Vec<f32>]) -> Vec<f32> {
+    let Some((q, rest)) = vectors.split_first() else {
+        return Vec::new();
+    };
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let qn = norm(q);
+    rest.iter()
+        .map(|v| {
+            let d = norm(v) * qn;
+            if v.len() != q.len() || d == 0.0 {
+                0.0
+            } else {
+                q.iter().zip(v).map(|(a, b)| a * b).sum::<f32>() / d
+            }
+        })
+        .collect()
 }
 
 /// One call the model made.
@@ -583,6 +646,76 @@ mod tests {
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]}
         }})
+    }
+
+    fn clock() -> Value {
+        json!({"type": "function", "function": {
+            "name": "get_time",
+            "description": "The local time in a time zone.",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}
+        }})
+    }
+
+    #[test]
+    fn the_router_calls_the_most_similar_tool_only_above_its_threshold() {
+        let tools = [weather(), clock()];
+        let mut plan = parse(Some(&tools), None, None).unwrap().unwrap();
+        assert_eq!(
+            plan.route_texts(),
+            [
+                "get_weather: Current weather in a city.",
+                "get_time: The local time in a time zone."
+            ]
+        );
+        // Below the threshold `auto` stays and the model decides.
+        assert_eq!(plan.route(&[0.2, 0.25], 0.3), None);
+        assert_eq!(plan.choice, ToolChoice::Auto);
+        // A similarity per tool is needed.
+        assert_eq!(plan.route(&[0.9], 0.3), None);
+        assert_eq!(plan.route(&[0.31, 0.6], 0.3), Some("get_time"));
+        assert_eq!(plan.choice, ToolChoice::Named("get_time".into()));
+        // A decided plan is not routed again.
+        assert_eq!(plan.route(&[0.9, 0.1], 0.3), None);
+        assert_eq!(plan.choice, ToolChoice::Named("get_time".into()));
+        let required = parse(Some(&tools), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        let mut r = required.clone();
+        assert_eq!(r.route(&[0.9, 0.1], 0.3), None);
+        assert_eq!(r, required);
+    }
+
+    #[test]
+    fn the_router_decides_only_a_users_turn_under_auto() {
+        let tools = [weather()];
+        let plan = parse(Some(&tools), None, None).unwrap().unwrap();
+        let user = ChatMessage::user("Weather in Oslo?");
+        assert!(plan.routes(std::slice::from_ref(&user)));
+        assert!(!plan.routes(&[]));
+        // After a tool result the model answers or calls again by itself.
+        let mut result = ChatMessage::new("tool", "17 degrees");
+        result.tool_call_id = Some("call_1".into());
+        assert!(!plan.routes(&[user.clone(), result]));
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let forced = parse(Some(&tools), Some(&named), None).unwrap().unwrap();
+        assert!(!forced.routes(&[user]));
+    }
+
+    #[test]
+    fn similarities_are_cosines_to_the_first_vector() {
+        let s = similarities(&[
+            vec![2.0, 0.0],
+            vec![1.0, 0.0],
+            vec![0.0, 3.0],
+            vec![1.0, 1.0],
+            vec![1.0],
+        ]);
+        assert_eq!(s.len(), 4);
+        assert!((s[0] - 1.0).abs() < 1e-6 && s[1].abs() < 1e-6);
+        assert!((s[2] - std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6);
+        assert_eq!(s[3], 0.0, "a vector of another length");
+        assert!(similarities(&[]).is_empty());
+        assert_eq!(similarities(&[vec![0.0, 0.0], vec![1.0, 0.0]]), [0.0]);
     }
 
     #[test]

@@ -37,6 +37,21 @@ pub struct ServeArgs {
     /// besides this machine's own; repeat for more.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
+    /// Leave `tool_choice: "auto"` to the chat model alone (by default the embedding
+    /// model picks the offered tool that fits the user's message, see `--tool-router`).
+    #[arg(long)]
+    pub no_tool_router: bool,
+    /// The cosine between the user's message and a tool's `name: description` at which
+    /// `tool_choice: "auto"` calls that tool (0 < t <= 1).
+    #[arg(long = "tool-router", value_name = "COSINE", default_value_t = crate::config::DEFAULT_TOOL_ROUTER, value_parser = router_threshold)]
+    pub tool_router: f32,
+}
+
+fn router_threshold(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(t) if t > 0.0 && t <= 1.0 => Ok(t),
+        _ => Err(format!("`{s}` is not a cosine above 0 and at most 1")),
+    }
 }
 
 /// Loads the models and serves the API until Ctrl-C or SIGTERM.
@@ -47,6 +62,7 @@ pub fn run(home: &Path, args: ServeArgs) -> anyhow::Result<()> {
         api_keys: args.key.api_key.iter().cloned().collect(),
         cors_origins: crate::config::check_cors_origins(&args.cors_origins)
             .map_err(|e| anyhow::anyhow!("--cors-origin {e}"))?,
+        tool_router: (!args.no_tool_router).then_some(args.tool_router),
         ..ApiConfig::default()
     };
     // Before the models load: a refusal should not wait for them.
