@@ -39,7 +39,7 @@ pub struct ServeArgs {
     pub cors_origins: Vec<String>,
     /// Leave `tool_choice: "auto"` to the chat model alone (by default the embedding
     /// model picks the offered tool that fits the user's message, see `--tool-router`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tool_router")]
     pub no_tool_router: bool,
     /// The cosine between the user's message and a tool's `name: description` at which
     /// `tool_choice: "auto"` calls that tool (0 < t <= 1).

@@ -1305,8 +1305,8 @@ mod x86 {
     ) {
         let nbp = w.nbp;
         let n = ch.n;
-        // SAFETY (whole body): masked loads of the chunk's lanes and of its `n` blocks'
-        // values, inside the rows.
+        // SAFETY (whole body): loads of the chunk's lanes (masked where a half is partial)
+        // and of its `n` blocks' values, inside the rows.
         unsafe {
             // Lane l of half h holds part of block (8h + l) / per; with per > 1 every block
             // is among the first 8.
@@ -1379,15 +1379,22 @@ mod x86 {
         // SAFETY: the caller guarantees `n` values at `p`; `n` is even, so the masked
         // 32-bit loads cover whole values.
         unsafe {
-            let part = |q: *const f16, k: usize| {
-                let mask = _mm256_castsi256_si128(lane_mask(k / 2));
-                _mm256_cvtph_ps(_mm_maskload_epi32(q as *const i32, mask))
-            };
             if n <= 8 {
-                [part(p, n), _mm256_setzero_ps()]
+                [f16_part(p, n), _mm256_setzero_ps()]
             } else {
-                [load_f16x8(p), part(p.add(8), n - 8)]
+                [load_f16x8(p), f16_part(p.add(8), n - 8)]
             }
+        }
+    }
+
+    /// `k` (even, at most 8) f16 values at `p` as f32, zero past `k`.
+    #[inline(always)]
+    unsafe fn f16_part(p: *const f16, k: usize) -> __m256 {
+        // SAFETY: the caller guarantees `k` values at `p`; the masked 32-bit loads read
+        // `k / 2` whole pairs of them.
+        unsafe {
+            let mask = _mm256_castsi256_si128(lane_mask(k / 2));
+            _mm256_cvtph_ps(_mm_maskload_epi32(p as *const i32, mask))
         }
     }
 
@@ -1709,11 +1716,11 @@ mod tests {
     #[test]
     fn kernels_match_f32_reference() {
         // Short last chunks of the lane layout: 2 (alone), 18 and 34 (2 blocks, 4 lanes each),
-        // 20 (4 blocks), 22 and 24 (6 and 8 blocks, 2 lanes each), 28 and 30 (12 and 14
+        // 20 (4 blocks), 22 and 24 (6 and 8 blocks, 2 lanes each), 26, 28 and 30 (10, 12 and 14
         // blocks, 1 lane each).
         for layout in [Layout::Pairs, Layout::Lanes] {
             for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
-                for (i, nbp) in [2usize, 18, 20, 22, 24, 28, 30, 32, 34, 48, 64]
+                for (i, nbp) in [2usize, 18, 20, 22, 24, 26, 28, 30, 32, 34, 48, 64]
                     .into_iter()
                     .enumerate()
                 {
