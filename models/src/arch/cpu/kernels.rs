@@ -1736,6 +1736,57 @@ mod tests {
     /// A product's value does not depend on how many tokens its tile held (batched and
     /// one-at-a-time inference give the same numbers).
     #[test]
+    fn the_largest_products_do_not_overflow_any_tier() {
+        // Every weight at an extreme (nibble 15, or Q8's -128 and 127) against every
+        // activation at +127 or -127: the largest sums any kernel keeps in 16 or 32 bits
+        // (AVX2 holds Q4 products of a whole chunk in 16 bits). Uniform values make the
+        // layout irrelevant, so both layouts see the same numbers.
+        for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+            for layout in [Layout::Pairs, Layout::Lanes] {
+                for nbp in [2usize, 16, 18, 64] {
+                    for (byte, sign) in [(0xFFu8, 1i8), (0xFF, -1), (0x00, 1), (0x00, -1)] {
+                        let (rows, cols) = (4, 4);
+                        let rb = fmt.row_bytes(nbp * BLOCK);
+                        let wq = vec![byte; rows * rb];
+                        let wd = vec![f16::from_f32(0.01); rows * nbp];
+                        let wm = vec![f16::from_f32(0.0); rows * nbp];
+                        let aq = vec![127 * sign; cols * nbp * BLOCK];
+                        let ad = vec![0.01f32; cols * nbp];
+                        let as_ = vec![0.01 * 127.0 * BLOCK as f32 * sign as f32; cols * nbp];
+                        let w = WeightRows {
+                            q: &wq,
+                            d: &wd,
+                            m: &wm,
+                            fmt,
+                            layout,
+                            nbp,
+                        };
+                        let a = ActRows {
+                            q: &aq,
+                            d: &ad,
+                            s: &as_,
+                            layout,
+                            nbp,
+                        };
+                        let mut scalar = [[0f32; 4]; 4];
+                        tile(Isa::Scalar, &w, &a, &mut scalar);
+                        for isa in Isa::available() {
+                            let mut out = [[0f32; 4]; 4];
+                            tile(isa, &w, &a, &mut out);
+                            for (o, s) in out.iter().flatten().zip(scalar.iter().flatten()) {
+                                assert!(
+                                    (o - s).abs() <= 1e-4 * s.abs().max(1.0),
+                                    "{isa:?} {fmt:?} {layout:?} nbp={nbp} {byte:#x} x {sign}: {o} vs {s}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_token_gets_the_same_bits_alone_or_in_a_tile_of_four() {
         let mut rng = StdRng::seed_from_u64(77);
         for layout in [Layout::Pairs, Layout::Lanes] {
