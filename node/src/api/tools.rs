@@ -488,21 +488,21 @@ impl ToolPlan {
 }
 
 /// The cosine similarity of `vectors[0]` (the user's message) to each of the others (the
-/// tools' [`ToolPlan::route_texts`]); 0 for an empty or mismatched vector.
+/// tools' [`ToolPlan::route_texts`]); 0 for an empty or mismatched vector. Embedders return
+/// unit vectors, but a vector is normalised here anyway (the memory book's helpers), so
+/// the router's threshold means a cosine whatever the model.
 pub fn similarities(vectors: &[Vec<f32>]) -> Vec<f32> {
+    use crate::memory::book::{dot, unit};
     let Some((q, rest)) = vectors.split_first() else {
         return Vec::new();
     };
-    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    let qn = norm(q);
+    let Some(q) = unit(q.clone()) else {
+        return vec![0.0; rest.len()];
+    };
     rest.iter()
-        .map(|v| {
-            let d = norm(v) * qn;
-            if v.len() != q.len() || d == 0.0 {
-                0.0
-            } else {
-                q.iter().zip(v).map(|(a, b)| a * b).sum::<f32>() / d
-            }
+        .map(|v| match unit(v.clone()) {
+            Some(v) if v.len() == q.len() => dot(&q, &v),
+            _ => 0.0,
         })
         .collect()
 }
