@@ -247,9 +247,11 @@ pub struct ApiSection {
     /// besides pages served from this machine (loopback), which always may. Pages of other
     /// origins get no CORS headers, so the browser keeps them from reading answers.
     pub cors_origins: Vec<String>,
-    /// `tool_choice: "auto"` asks the embedding model which offered tool fits the user's
-    /// message, and calls it when the cosine reaches `tool_router_threshold`; `false`
-    /// leaves every such choice to the chat model (which, at 135M, never calls).
+    /// `tool_choice` `auto` and `required` ask the embedding model which offered tool fits
+    /// the user's message: `auto` calls it when the cosine reaches `tool_router_threshold`,
+    /// `required` calls the best tool not called yet in the conversation; `false` leaves
+    /// every such choice to the chat model (which, at 135M, never calls under `auto` and
+    /// repeats its last call under `required`).
     pub tool_router: bool,
     /// The cosine (0 < t <= 1) at which the router calls the most similar tool.
     pub tool_router_threshold: f32,

@@ -769,6 +769,26 @@ async fn auto_calls_the_tool_the_embedding_model_finds_closest_to_the_question()
             .iter()
             .for_each(|c| check_call(c, Some("get_weather")));
     }
+    // Decided once per request: with two answers and parallel calls allowed, each answer
+    // makes exactly the one routed call. `required` is routed on its first turn the same way.
+    for choice in ["auto", "required"] {
+        let mut body = ask("What is the weather in Paris?");
+        body["tool_choice"] = json!(choice);
+        body["n"] = json!(2);
+        body.as_object_mut()
+            .expect("an object")
+            .remove("parallel_tool_calls");
+        let (status, body) = post(&server, "/v1/chat/completions", &body).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let choices = body["choices"].as_array().expect("choices");
+        assert_eq!(choices.len(), 2, "{body}");
+        for c in choices {
+            assert_eq!(c["finish_reason"], "tool_calls", "{choice}: {body}");
+            let calls = c["message"]["tool_calls"].as_array().expect("tool_calls");
+            assert_eq!(calls.len(), 1, "{choice}: one routed call: {body}");
+            check_call(&calls[0], Some("get_weather"));
+        }
+    }
     server.stop().await;
 }
 

@@ -121,6 +121,32 @@ def test_tool_history_in_ollamas_shape_is_accepted(client, names):
     assert r.done and (r.message.content.strip() or r.message.tool_calls)
 
 
+def test_tools_are_called_and_the_result_goes_back(client, names):
+    # Ollama has no tool_choice (it is `auto`): the server's tool router picks get_weather
+    # for the question and the model writes its arguments; the function runs, and its
+    # result goes back in Ollama's shape.
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ran = []
+
+    def get_weather(city):
+        ran.append(city)
+        return f"17 degrees and sunny in {city}"
+
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat(model=names["chat"], messages=messages, tools=tools, options={"temperature": 0, "num_predict": 120})
+    calls = r.message.tool_calls
+    assert calls and len(calls) == 1 and calls[0].function.name == "get_weather", r.message
+    args = dict(calls[0].function.arguments)
+    assert set(args) == {"city"} and isinstance(args["city"], str)
+    messages.append(r.message)
+    messages.append({"role": "tool", "content": get_weather(**args), "tool_name": "get_weather"})
+    assert ran
+    final = client.chat(model=names["chat"], messages=messages, tools=tools, options={"temperature": 0, "num_predict": 40})
+    assert final.done and (final.message.content.strip() or final.message.tool_calls)
+
+
 def test_what_cannot_be_honoured_is_refused(client, names):
     for kwargs in (
         {"messages": [{"role": "user", "content": "hi", "images": ["aGVsbG8="]}]},

@@ -212,6 +212,35 @@ def test_required_tool_call_runs_the_function_and_the_conversation_continues(cli
     assert final.choices[0].message.content.strip()
 
 
+def test_tools_without_tool_choice_call_the_function_and_its_result_goes_back(client, served):
+    # OpenAI's default is `auto`: the server's tool router (on by default, an embedding model
+    # is served) finds get_weather closest to the question, and the model writes its
+    # arguments under the schema.
+    tools = [WEATHER_TOOL, {"type": "function", "function": {
+        "name": "send_email", "description": "Send an email to a colleague.",
+        "parameters": {"type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}},
+                       "required": ["to", "body"]}}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(
+        model=served["chat"], messages=messages, temperature=0, max_tokens=120, tools=tools
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_weather", calls
+    args = json.loads(calls[0].function.arguments)
+    assert set(args) == {"city"} and isinstance(args["city"], str)
+    before = len(get_weather.calls)
+    messages.append(choice.message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": get_weather(**args)})
+    assert len(get_weather.calls) == before + 1, "the function ran"
+    # After the result the model decides alone, and the 135M model answers in text.
+    final = client.chat.completions.create(
+        model=served["chat"], messages=messages, temperature=0, max_tokens=60, tools=tools
+    )
+    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_streamed_tool_calls_assemble_as_openai_clients_expect(client, served):
     stream = client.chat.completions.create(
         model=served["chat"],

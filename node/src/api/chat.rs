@@ -489,9 +489,9 @@ pub(crate) struct Started {
     pub tool_syntax: Option<Syntax>,
 }
 
-/// The embedding router for `tool_choice: "auto"` ([`ToolPlan::route`]), when it is on,
-/// the request is one it decides and an embedding model is served. An embedding that fails
-/// leaves the decision to the chat model.
+/// The embedding router for `tool_choice` `auto` and `required` ([`ToolPlan::route`]),
+/// when it is on, the request is one it decides ([`ToolPlan::routes`]) and an embedding
+/// model is served. An embedding that fails leaves the decision to the chat model.
 async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
     let Some(threshold) = state.config().tool_router else {
         return;
@@ -505,19 +505,18 @@ async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
     let Some(embedder) = state.embedder() else {
         return;
     };
-    let question = plan
-        .messages
-        .last()
-        .map(|m| m.content.clone())
-        .unwrap_or_default();
+    let open = tp.uncalled(&plan.messages);
+    let question = ToolPlan::route_question(&plan.messages)
+        .unwrap_or_default()
+        .to_string();
     let mut texts = vec![question];
     texts.extend(tp.route_texts());
     match embedder.embed(texts).await {
         Ok(vectors) => {
             let sims = tools::similarities(&vectors);
-            match tp.route(&sims, threshold) {
+            match tp.route(&open, &sims, threshold) {
                 Some(tool) => tracing::debug!(tool, "tool router: calling the most similar tool"),
-                None => tracing::debug!("tool router: no tool similar enough; the model decides"),
+                None => tracing::debug!("tool router: no tool to call; the model decides"),
             }
         }
         Err(e) => tracing::warn!("tool router: embedding failed ({e}); the model decides"),
@@ -529,6 +528,9 @@ async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
 /// and generate) differ only in how they read requests and write answers.
 pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Started, ApiError> {
     let engine = state.chat_engine(plan.model.as_deref())?;
+    // Admitted before any work is done for it: the router's and the worked examples'
+    // embeddings count as the request's, and a busy node refuses it before them.
+    let permit = state.admit()?;
     route_tools(state, plan).await;
     let context = engine.info().context_length;
     let max_tokens = plan
@@ -565,8 +567,7 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
     let mut shown = Vec::new();
     let generation = if let Some(raw) = plan.raw.take() {
         // A raw prompt is the model's input as it is: no examples, no instructions.
-        let permit = state.admit()?;
-        (generate(&engine, request(raw)).await?, permit)
+        generate(&engine, request(raw)).await?
     } else {
         // Worked examples from shared memories, when the node is set to show them. The
         // request as sent is kept: it is answered as is if the examples do not fit.
@@ -584,7 +585,6 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
                 tp.instruct(sent);
             }
         }
-        let permit = state.admit()?;
         let messages = std::mem::take(&mut plan.messages);
         let mut generation = generate(&engine, request(chat_prompt(messages))).await?;
         if let (Err(ModelError::ContextOverflow { .. }), Some(messages)) = (&generation, as_sent) {
@@ -592,9 +592,8 @@ pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Start
             shown.clear();
             generation = generate(&engine, request(chat_prompt(messages))).await?;
         }
-        (generation, permit)
+        generation
     };
-    let (generation, permit) = generation;
     let generation = generation.map_err(|e| match e {
         ModelError::Constraint(ConstraintError::Compile { .. }) if plan.tools.is_some() => {
             ApiError::invalid_param("tools", format!("a tool's parameters: {e}"))
@@ -653,11 +652,17 @@ pub(crate) async fn chat_completions(
     let mut choices = Vec::with_capacity(plan.n);
     let mut answers = Vec::with_capacity(plan.n);
     let (mut model, mut shown) = (String::new(), Vec::new());
+    // The tool router decides once per request, for the first answer; the others share it.
+    let mut decided = None;
     for (index, mut one) in choice_plans(&plan).into_iter().enumerate() {
+        if decided.is_some() {
+            one.tools.clone_from(&decided);
+        }
         let started = start(&state, &mut one).await?;
         if index == 0 {
             model = started.model_id.clone();
             shown = started.shown.clone();
+            decided = one.tools.clone();
         }
         let Collected {
             text,

@@ -44,10 +44,10 @@ pub struct ApiConfig {
     /// Web origins (lower-case, as [`crate::config::check_cors_origin`] returns them) whose
     /// pages get CORS headers, besides loopback pages, which always do.
     pub cors_origins: Vec<String>,
-    /// The embedding router for `tool_choice: "auto"` ([`super::tools::ToolPlan::route`]):
-    /// with an embedding model served, the offered tool most similar to the user's message
-    /// is called when the cosine reaches this; `None` leaves every `auto` decision to the
-    /// chat model.
+    /// The embedding router for `tool_choice` `auto` and `required`
+    /// ([`super::tools::ToolPlan::route`]): with an embedding model served, the offered tool
+    /// most similar to the user's message is called (under `auto` when the cosine reaches
+    /// this); `None` leaves every such decision to the chat model.
     pub tool_router: Option<f32>,
 }
 

@@ -63,6 +63,9 @@ pub struct ToolPlan {
     pub choice: ToolChoice,
     /// Several calls in one answer allowed (`parallel_tool_calls`, default true).
     pub parallel: bool,
+    /// The embedding router has decided this request (whether or not it chose a tool), so
+    /// the answers of a request with `n` > 1 share one decision and one embedding.
+    pub routed: bool,
 }
 
 /// The syntax the model writes calls in.
@@ -226,6 +229,7 @@ pub fn parse(
         tools: parsed,
         choice,
         parallel: parallel.unwrap_or(true),
+        routed: false,
     }))
 }
 
@@ -302,37 +306,85 @@ impl ToolPlan {
             .collect()
     }
 
-    /// Whether the embedding router decides this request: `auto`, and the conversation
-    /// ends with the user's message (after a tool result the model answers or calls
-    /// again by itself, so a loop of calls cannot start here). A client that sends tool
-    /// results back as user messages, not `tool` messages, is routed again each turn.
+    /// Whether the embedding router decides this request: it has not decided yet, and
+    /// - `auto`: the conversation ends with the user's message. After a `tool` result the
+    ///   model answers or calls again by itself.
+    /// - `required`: it ends with the user's message or a tool result. A call must follow
+    ///   either way, and left to itself the small model repeats the call it just made
+    ///   (pydantic-ai and smolagents looped on their weather tool until the context was
+    ///   full), so the router picks among the tools not called yet ([`Self::uncalled`]).
+    /// - a named tool or `none`: never; the client has chosen.
     pub fn routes(&self, messages: &[ChatMessage]) -> bool {
-        self.choice == ToolChoice::Auto
+        let last = messages.last().map(|m| m.role.as_str());
+        !self.routed
             && !self.tools.is_empty()
-            && messages.last().is_some_and(|m| m.role == "user")
+            && match self.choice {
+                ToolChoice::Auto => last == Some("user"),
+                ToolChoice::Required => matches!(last, Some("user" | "tool")),
+                ToolChoice::None | ToolChoice::Named(_) => false,
+            }
     }
 
-    /// The embedding router's decision under `auto`, from the cosine similarity of the
-    /// user's message to each tool's [`route_texts`](Self::route_texts): the most similar
-    /// tool is called when its similarity reaches `threshold` (`tool_choice` becomes that
-    /// tool, whose arguments the model then writes under its schema, once); below it `auto`
-    /// stays, and the model chooses between a call and an answer. Returns the tool chosen.
+    /// What the router compares with the tools: the last user message.
+    pub fn route_question(messages: &[ChatMessage]) -> Option<&str> {
+        messages
+            .iter()
+            .rev()
+            .find(|m| m.role == "user")
+            .map(|m| m.content.as_str())
+    }
+
+    /// For each offered tool, whether the conversation has not called it yet. A tool is
+    /// called when an assistant message's calls name it, or when its name stands as a word
+    /// of its own in an assistant message's text: clients such as smolagents send earlier
+    /// calls back as text (`Calling tools: [{... 'name': 'get_weather' ...}]`) and their
+    /// results as user messages.
+    pub fn uncalled(&self, messages: &[ChatMessage]) -> Vec<bool> {
+        let assistant: Vec<&ChatMessage> =
+            messages.iter().filter(|m| m.role == "assistant").collect();
+        self.tools
+            .iter()
+            .map(|t| {
+                !assistant.iter().any(|m| {
+                    m.tool_calls.iter().any(|c| c.function.name == t.name)
+                        || names_as_word(&m.content, &t.name)
+                })
+            })
+            .collect()
+    }
+
+    /// The embedding router's decision, from the cosine similarity of the user's message
+    /// to each tool's [`route_texts`](Self::route_texts), among the tools `open` marks
+    /// ([`Self::uncalled`]):
+    /// - `auto`: the most similar tool is called when its similarity reaches `threshold`;
+    ///   below it `auto` stays, and the model chooses between a call and an answer.
+    /// - `required`: the most similar tool is called, whatever its similarity (there is no
+    ///   answer to choose instead); when every tool has been called the model picks.
+    ///
+    /// A chosen tool becomes the `tool_choice`, called once; the model writes its arguments
+    /// under its schema. Returns the tool chosen; either way the plan is marked as decided.
     ///
     /// Why: left to itself a small model never starts a call under `auto` (0 of 36
-    /// prompts that wanted one, `benches/tools/README.md`), while the embedding model
-    /// ranks the tools well; which tool, and whether any, is a choice among grounded
-    /// options, the arguments stay the chat model's, under the constraint.
-    pub fn route(&mut self, similarities: &[f32], threshold: f32) -> Option<&str> {
-        if self.choice != ToolChoice::Auto || similarities.len() != self.tools.len() {
+    /// prompts that wanted one, `benches/tools/README.md`) and, made to call, picks the
+    /// tool worse than the embedding model ranks them; which tool, and whether any, is a
+    /// choice among grounded options, the arguments stay the chat model's, under the
+    /// constraint.
+    pub fn route(&mut self, open: &[bool], similarities: &[f32], threshold: f32) -> Option<&str> {
+        if !matches!(self.choice, ToolChoice::Auto | ToolChoice::Required)
+            || similarities.len() != self.tools.len()
+            || open.len() != self.tools.len()
+        {
             return None;
         }
+        self.routed = true;
         let (best, sim) = similarities
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.is_finite())
+            .filter(|(i, s)| open[*i] && s.is_finite())
             .max_by(|a, b| a.1.total_cmp(b.1))?;
         // A NaN threshold compares as nothing, so it routes nothing.
-        if sim.partial_cmp(&threshold).is_none_or(|o| o.is_lt()) {
+        if self.choice == ToolChoice::Auto && sim.partial_cmp(&threshold).is_none_or(|o| o.is_lt())
+        {
             return None;
         }
         self.choice = ToolChoice::Named(self.tools[best].name.clone());
@@ -507,6 +559,18 @@ pub fn similarities(vectors: &[Vec<f32>]) -> Vec<f32> {
         .collect()
 }
 
+/// Whether `name` occurs in `text` with no letter, digit, `_` or `-` on either side.
+fn names_as_word(text: &str, name: &str) -> bool {
+    let part_of_name = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
+    text.match_indices(name).any(|(i, _)| {
+        !text[..i].chars().next_back().is_some_and(part_of_name)
+            && !text[i + name.len()..]
+                .chars()
+                .next()
+                .is_some_and(part_of_name)
+    })
+}
+
 /// One call the model made.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
@@ -673,30 +737,50 @@ mod tests {
                 "get_time: The local time in a time zone."
             ]
         );
+        let open = [true, true];
         // Below the threshold `auto` stays and the model decides.
-        assert_eq!(plan.route(&[0.2, 0.25], 0.3), None);
+        assert_eq!(plan.clone().route(&open, &[0.2, 0.25], 0.3), None);
         assert_eq!(plan.choice, ToolChoice::Auto);
         // A similarity per tool is needed.
-        assert_eq!(plan.route(&[0.9], 0.3), None);
+        assert_eq!(plan.clone().route(&open, &[0.9], 0.3), None);
         assert_eq!(
-            plan.route(&[f32::NAN, 0.2], 0.3),
+            plan.clone().route(&open, &[f32::NAN, 0.2], 0.3),
             None,
             "NaN is no similarity"
         );
-        assert_eq!(plan.clone().route(&[0.9, 0.1], f32::NAN), None);
+        assert_eq!(plan.clone().route(&open, &[0.9, 0.1], f32::NAN), None);
+        // A tool called already is not routed again.
+        assert_eq!(
+            plan.clone().route(&[true, false], &[0.31, 0.6], 0.3),
+            Some("get_weather")
+        );
+        assert_eq!(plan.clone().route(&[false, false], &[0.31, 0.6], 0.3), None);
         assert!(plan.parallel);
-        assert_eq!(plan.route(&[0.31, 0.6], 0.3), Some("get_time"));
+        assert_eq!(plan.route(&open, &[0.31, 0.6], 0.3), Some("get_time"));
         assert_eq!(plan.choice, ToolChoice::Named("get_time".into()));
         assert!(!plan.parallel, "a routed request makes one call");
         // A decided plan is not routed again.
-        assert_eq!(plan.route(&[0.9, 0.1], 0.3), None);
+        assert_eq!(plan.route(&open, &[0.9, 0.1], 0.3), None);
         assert_eq!(plan.choice, ToolChoice::Named("get_time".into()));
+        // `required` calls the most similar tool whatever its similarity; when every tool
+        // has been called the model picks.
         let required = parse(Some(&tools), Some(&json!("required")), None)
             .unwrap()
             .unwrap();
         let mut r = required.clone();
-        assert_eq!(r.route(&[0.9, 0.1], 0.3), None);
-        assert_eq!(r, required);
+        assert_eq!(r.route(&open, &[0.1, 0.2], 0.3), Some("get_time"));
+        assert_eq!(r.choice, ToolChoice::Named("get_time".into()));
+        assert!(!r.parallel);
+        let mut r = required.clone();
+        assert_eq!(r.route(&[false, false], &[0.9, 0.1], 0.3), None);
+        assert_eq!(r.choice, ToolChoice::Required);
+        assert!(r.routed && r.parallel);
+        // A named choice is the client's.
+        let named = json!({"type": "function", "function": {"name": "get_time"}});
+        let named = parse(Some(&tools), Some(&named), None).unwrap().unwrap();
+        let mut n = named.clone();
+        assert_eq!(n.route(&open, &[0.9, 0.1], 0.3), None);
+        assert_eq!(n, named);
     }
 
     #[test]
@@ -712,7 +796,62 @@ mod tests {
         assert!(!plan.routes(&[user.clone(), result]));
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
         let forced = parse(Some(&tools), Some(&named), None).unwrap().unwrap();
-        assert!(!forced.routes(&[user]));
+        assert!(!forced.routes(std::slice::from_ref(&user)));
+        // Decided once per request, whatever it decided.
+        let mut decided = plan.clone();
+        assert_eq!(decided.route(&[true], &[0.1], 0.3), None);
+        assert!(!decided.routes(std::slice::from_ref(&user)));
+    }
+
+    #[test]
+    fn under_required_the_router_moves_on_to_a_tool_not_called_yet() {
+        let final_answer = json!({"type": "function", "function": {
+            "name": "final_answer", "description": "Provides a final answer.",
+            "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}}}});
+        let tools = [weather(), final_answer];
+        let plan = parse(Some(&tools), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        let user = ChatMessage::user("Weather in Oslo?");
+        assert!(plan.routes(std::slice::from_ref(&user)));
+        assert_eq!(plan.uncalled(std::slice::from_ref(&user)), [true, true]);
+        assert_eq!(
+            ToolPlan::route_question(std::slice::from_ref(&user)),
+            Some("Weather in Oslo?")
+        );
+        // OpenAI's shape (pydantic-ai): a structured call, then its `tool` result.
+        let call = ChatMessage::assistant_calls(
+            "",
+            vec![ChatToolCall::function(
+                "call_1",
+                "get_weather",
+                json!({"city": "Oslo"}),
+            )],
+        );
+        let result = ChatMessage::tool_result(Some("call_1".into()), None, "4 degrees");
+        let openai = [user.clone(), call, result];
+        assert!(plan.routes(&openai));
+        assert_eq!(plan.uncalled(&openai), [false, true]);
+        assert_eq!(ToolPlan::route_question(&openai), Some("Weather in Oslo?"));
+        // smolagents' shape: the call as assistant text, its result as a user message.
+        let text = [
+            user.clone(),
+            ChatMessage::assistant("Calling tools:\n[{'function': {'name': 'get_weather'}}]"),
+            ChatMessage::user("Observation:\n4 degrees"),
+        ];
+        assert!(plan.routes(&text));
+        assert_eq!(plan.uncalled(&text), [false, true]);
+        let mut next = plan.clone();
+        assert_eq!(
+            next.route(&plan.uncalled(&text), &[0.8, 0.1], 0.3),
+            Some("final_answer")
+        );
+        // A name inside a longer word is not a call of it.
+        let prose = [
+            user,
+            ChatMessage::assistant("the get_weather_v2 tool; final_answers"),
+        ];
+        assert_eq!(plan.uncalled(&prose), [true, true]);
     }
 
     #[test]

@@ -37,8 +37,9 @@ pub struct ServeArgs {
     /// besides this machine's own; repeat for more.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
-    /// Leave `tool_choice: "auto"` to the chat model alone (by default the embedding
-    /// model picks the offered tool that fits the user's message, see `--tool-router`).
+    /// Leave `tool_choice` `auto` and `required` to the chat model alone (by default the
+    /// embedding model picks the offered tool that fits the user's message, see
+    /// `--tool-router`).
     #[arg(long, conflicts_with = "tool_router")]
     pub no_tool_router: bool,
     /// The cosine between the user's message and a tool's `name: description` at which

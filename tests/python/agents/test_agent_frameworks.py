@@ -86,11 +86,12 @@ def test_langchain_bind_tools_runs_the_tool_and_sends_its_result_back():
 
     weather = tool(get_weather)
     llm = ChatOpenAI(model=CHAT, base_url=BASE, api_key=KEY, temperature=0, max_tokens=120)
-    # `tool_choice="any"` is LangChain's word for "call a tool" (OpenAI's `required`).
-    bound = llm.bind_tools([weather], tool_choice="any")
+    # bind_tools as documented, without a tool_choice (so `auto`): the server's tool router
+    # has the model call get_weather for the question.
+    bound = llm.bind_tools([weather])
     messages = [HumanMessage(QUESTION)]
     ai = bound.invoke(messages)
-    assert ai.tool_calls and all(c["name"] == "get_weather" for c in ai.tool_calls)
+    assert ai.tool_calls and all(c["name"] == "get_weather" for c in ai.tool_calls), ai
     messages.append(ai)
     for c in ai.tool_calls:
         messages.append(ToolMessage(weather.invoke(c["args"]), tool_call_id=c["id"]))
@@ -148,12 +149,13 @@ def test_pydantic_ai_agent_with_a_tool_and_structured_output_ends_with_a_valid_o
         for p in getattr(m, "parts", [])
         if isinstance(p, ToolReturnPart) and p.tool_name == "get_weather"
     ]
-    # The model must call a tool (output through a tool is pydantic-ai's default, so
-    # tool_choice is required); whether it calls get_weather first is its choice, and the
-    # 135M model goes straight to the output tool. When it does call, the return is sent.
+    # Output through a tool is pydantic-ai's default, so it sends tool_choice required with
+    # get_weather and its output tool; on that first turn the server's tool router picks
+    # get_weather for the question. Its return goes back, and the run ends with the output
+    # tool's validated City.
     assert isinstance(result.output, City)
-    if returns:
-        assert called() and "17 degrees" in str(returns[0].content)
+    assert returns, "get_weather was called"
+    assert called() and "17 degrees" in str(returns[0].content)
 
 
 # --- AutoGen --------------------------------------------------------------------------
@@ -203,24 +205,24 @@ def test_autogen_assistant_agent_runs_the_tool_and_answers():
 # --- smolagents -----------------------------------------------------------------------
 
 
-def test_smolagents_tool_calling_agent_calls_the_tool():
+def test_smolagents_tool_calling_agent_calls_the_tool_and_concludes():
     from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
     model = OpenAIServerModel(model_id=CHAT, api_base=BASE, api_key=KEY, temperature=0, max_tokens=120)
-    agent = ToolCallingAgent(tools=[tool(get_weather)], model=model, max_steps=2, verbosity_level=0)
-    agent.run(QUESTION)
-    messages = [s.model_output_message for s in agent.memory.steps if getattr(s, "model_output_message", None)]
-    calls = [c for m in messages for c in (m.tool_calls or [])]
-    assert calls, "ToolCallingAgent asks for a call (tool_choice required) and gets one"
-    for c in calls:
-        # smolagents parsed every call's arguments; each fits its tool.
-        assert c.function.name in ("get_weather", "final_answer"), c
-        if c.function.name == "get_weather":
-            assert set(c.function.arguments) == {"city"}
+    agent = ToolCallingAgent(tools=[tool(get_weather)], model=model, max_steps=3, verbosity_level=0)
+    output = agent.run(QUESTION)
+    steps = [s for s in agent.memory.steps if getattr(s, "model_output_message", None)]
+    calls = [[c.function.name for c in (s.model_output_message.tool_calls or [])] for s in steps]
+    # ToolCallingAgent sends tool_choice required, its calls back as assistant text and the
+    # results as user messages. The server's tool router picks get_weather on the first turn
+    # and, with it called, final_answer on the next: the run concludes by its final-answer
+    # tool, not by running out of steps.
+    assert calls[0] == ["get_weather"], calls
     assert called(), "smolagents ran get_weather"
-    # With the 135M model the agent does not conclude: it puts `final_answer` beside
-    # get_weather in the same turn, which smolagents refuses ("do not perform any other
-    # tool calls than the final answer tool call").
+    assert "17 degrees" in str(steps[0].observations), "the result went back to the model"
+    assert ["final_answer"] in calls[1:], calls
+    assert isinstance(output, str) and output.strip()
+    assert not any(getattr(s, "error", None) for s in steps), [s.error for s in steps]
 
 
 # --- LiteLLM --------------------------------------------------------------------------
@@ -234,7 +236,6 @@ def test_litellm_tools_and_text_completion():
         model=f"openai/{CHAT}",
         messages=[{"role": "user", "content": QUESTION}],
         tools=[WEATHER_TOOL],
-        tool_choice="required",
         max_tokens=120,
         **common,
     )
