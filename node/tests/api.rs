@@ -729,12 +729,33 @@ async fn tool_calls_parse_and_validate_whole_and_streamed() {
 
 #[tokio::test]
 async fn auto_calls_the_tool_the_embedding_model_finds_closest_to_the_question() {
-    use starling_models::embed::{BertEmbedder, EmbedHandle};
+    use starling_models::embed::{BertEmbedder, EmbedError, EmbedHandle, Embedder};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    /// The real embedder, counting the batches it is asked to embed.
+    struct Counted(BertEmbedder, Arc<AtomicUsize>);
+    impl Embedder for Counted {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.embed(texts)
+        }
+        fn dim(&self) -> usize {
+            self.0.dim()
+        }
+        fn max_len(&self) -> usize {
+            self.0.max_len()
+        }
+        fn model_id(&self) -> &str {
+            self.0.model_id()
+        }
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = tiny_engine(dir.path(), 4096);
-    let embedder = EmbedHandle::spawn(
+    let batches = Arc::new(AtomicUsize::new(0));
+    let embedder = EmbedHandle::spawn(Counted(
         BertEmbedder::load(starling_models::testing::embedding_model()).expect("embedder"),
-    )
+        batches.clone(),
+    ))
     .expect("embedder thread");
     let state = AppState::new(ApiConfig::default())
         .with_chat_model_named(ModelSlot::new(engine), vec![])
@@ -769,9 +790,11 @@ async fn auto_calls_the_tool_the_embedding_model_finds_closest_to_the_question()
             .iter()
             .for_each(|c| check_call(c, Some("get_weather")));
     }
-    // Decided once per request: with two answers and parallel calls allowed, each answer
-    // makes exactly the one routed call. `required` is routed on its first turn the same way.
+    // Decided once per request (one batch embedded for two answers): with parallel calls
+    // allowed, each answer makes exactly the one routed call. `required` is routed the same
+    // way.
     for choice in ["auto", "required"] {
+        let before = batches.load(Ordering::SeqCst);
         let mut body = ask("What is the weather in Paris?");
         body["tool_choice"] = json!(choice);
         body["n"] = json!(2);
@@ -788,6 +811,11 @@ async fn auto_calls_the_tool_the_embedding_model_finds_closest_to_the_question()
             assert_eq!(calls.len(), 1, "{choice}: one routed call: {body}");
             check_call(&calls[0], Some("get_weather"));
         }
+        assert_eq!(
+            batches.load(Ordering::SeqCst) - before,
+            1,
+            "{choice}: one decision"
+        );
     }
     server.stop().await;
 }

@@ -234,11 +234,33 @@ def test_tools_without_tool_choice_call_the_function_and_its_result_goes_back(cl
     messages.append(choice.message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": get_weather(**args)})
     assert len(get_weather.calls) == before + 1, "the function ran"
-    # After the result the model decides alone, and the 135M model answers in text.
+    # After a `tool` result the model decides alone between an answer and another call.
     final = client.chat.completions.create(
         model=served["chat"], messages=messages, temperature=0, max_tokens=60, tools=tools
     )
     assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_parse_with_a_pydantic_tool_returns_its_arguments_parsed(client, served):
+    from pydantic import BaseModel, Field
+
+    class GetWeather(BaseModel):
+        """Current weather in a city."""
+
+        city: str = Field(max_length=40)
+
+    # `pydantic_function_tool` writes a strict schema; the router (on by default) picks the
+    # tool for the question, and `parse` turns the arguments into the model.
+    r = client.chat.completions.parse(
+        model=served["chat"],
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        temperature=0,
+        max_tokens=120,
+        tools=[openai.pydantic_function_tool(GetWeather)],
+    )
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, r
+    assert isinstance(calls[0].function.parsed_arguments, GetWeather)
 
 
 def test_streamed_tool_calls_assemble_as_openai_clients_expect(client, served):

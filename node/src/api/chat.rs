@@ -508,7 +508,14 @@ async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
     let open = tp.uncalled(&plan.messages);
     let question = ToolPlan::route_question(&plan.messages)
         .unwrap_or_default()
+        .trim()
         .to_string();
+    // Tried once per request, whatever comes of it: the answers of `n` > 1 share it.
+    tp.routed = true;
+    if question.is_empty() {
+        tracing::debug!("tool router: no user message to compare; the model decides");
+        return;
+    }
     let mut texts = vec![question];
     texts.extend(tp.route_texts());
     match embedder.embed(texts).await {
@@ -523,8 +530,8 @@ async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
     }
 }
 
-/// Picks the engine for `plan`, adds worked examples and tool instructions, admits the
-/// request and starts generating. The front ends (OpenAI's chat completions, Ollama's chat
+/// Picks the engine for `plan`, admits the request, lets the tool router decide, adds
+/// worked examples and tool instructions and starts generating. The front ends (OpenAI's chat completions, Ollama's chat
 /// and generate) differ only in how they read requests and write answers.
 pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Started, ApiError> {
     let engine = state.chat_engine(plan.model.as_deref())?;

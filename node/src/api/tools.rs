@@ -335,10 +335,12 @@ impl ToolPlan {
     }
 
     /// For each offered tool, whether the conversation has not called it yet. A tool is
-    /// called when an assistant message's calls name it, or when its name stands as a word
-    /// of its own in an assistant message's text: clients such as smolagents send earlier
-    /// calls back as text (`Calling tools: [{... 'name': 'get_weather' ...}]`) and their
-    /// results as user messages.
+    /// called when an assistant message's calls name it, or when an assistant message's
+    /// text holds a call of it written out (`'name': 'get_weather'` or `"name":
+    /// "get_weather"`): clients such as smolagents send earlier calls back as text
+    /// (`Calling tools: [{... 'name': 'get_weather' ...}]`) and their results as user
+    /// messages. The whole conversation counts, since such a client's results look like
+    /// the user's turns.
     pub fn uncalled(&self, messages: &[ChatMessage]) -> Vec<bool> {
         let assistant: Vec<&ChatMessage> =
             messages.iter().filter(|m| m.role == "assistant").collect();
@@ -347,19 +349,21 @@ impl ToolPlan {
             .map(|t| {
                 !assistant.iter().any(|m| {
                     m.tool_calls.iter().any(|c| c.function.name == t.name)
-                        || names_as_word(&m.content, &t.name)
+                        || call_written_out(&m.content, &t.name)
                 })
             })
             .collect()
     }
 
     /// The embedding router's decision, from the cosine similarity of the user's message
-    /// to each tool's [`route_texts`](Self::route_texts), among the tools `open` marks
-    /// ([`Self::uncalled`]):
+    /// to each tool's [`route_texts`](Self::route_texts):
     /// - `auto`: the most similar tool is called when its similarity reaches `threshold`;
-    ///   below it `auto` stays, and the model chooses between a call and an answer.
-    /// - `required`: the most similar tool is called, whatever its similarity (there is no
-    ///   answer to choose instead); when every tool has been called the model picks.
+    ///   below it `auto` stays, and the model chooses between a call and an answer. Every
+    ///   tool may be routed, called before or not (a user's next question may want the
+    ///   same tool again).
+    /// - `required`: the most similar of the tools `open` marks ([`Self::uncalled`]) is
+    ///   called, whatever its similarity (there is no answer to choose instead); when every
+    ///   tool has been called the model picks.
     ///
     /// A chosen tool becomes the `tool_choice`, called once; the model writes its arguments
     /// under its schema. Returns the tool chosen; either way the plan is marked as decided.
@@ -380,7 +384,7 @@ impl ToolPlan {
         let (best, sim) = similarities
             .iter()
             .enumerate()
-            .filter(|(i, s)| open[*i] && s.is_finite())
+            .filter(|(i, s)| (self.choice == ToolChoice::Auto || open[*i]) && s.is_finite())
             .max_by(|a, b| a.1.total_cmp(b.1))?;
         // A NaN threshold compares as nothing, so it routes nothing.
         if self.choice == ToolChoice::Auto && sim.partial_cmp(&threshold).is_none_or(|o| o.is_lt())
@@ -559,16 +563,20 @@ pub fn similarities(vectors: &[Vec<f32>]) -> Vec<f32> {
         .collect()
 }
 
-/// Whether `name` occurs in `text` with no letter, digit, `_` or `-` on either side.
-fn names_as_word(text: &str, name: &str) -> bool {
-    let part_of_name = |c: char| c.is_alphanumeric() || c == '_' || c == '-';
-    text.match_indices(name).any(|(i, _)| {
-        !text[..i].chars().next_back().is_some_and(part_of_name)
-            && !text[i + name.len()..]
-                .chars()
-                .next()
-                .is_some_and(part_of_name)
-    })
+/// Whether `text` holds a call of tool `name` written out as JSON or as a Python dict:
+/// `"name": "NAME"` or `'name': 'NAME'`. A tool's name in prose ("let me search") is no call.
+fn call_written_out(text: &str, name: &str) -> bool {
+    [('"', "\"name\""), ('\'', "'name'")]
+        .iter()
+        .any(|(q, key)| {
+            let quoted = format!("{q}{name}{q}");
+            text.match_indices(key).any(|(i, _)| {
+                text[i + key.len()..]
+                    .trim_start()
+                    .strip_prefix(':')
+                    .is_some_and(|rest| rest.trim_start().starts_with(&quoted))
+            })
+        })
 }
 
 /// One call the model made.
@@ -749,12 +757,11 @@ mod tests {
             "NaN is no similarity"
         );
         assert_eq!(plan.clone().route(&open, &[0.9, 0.1], f32::NAN), None);
-        // A tool called already is not routed again.
+        // Under `auto` a tool called before may be routed again.
         assert_eq!(
             plan.clone().route(&[true, false], &[0.31, 0.6], 0.3),
-            Some("get_weather")
+            Some("get_time")
         );
-        assert_eq!(plan.clone().route(&[false, false], &[0.31, 0.6], 0.3), None);
         assert!(plan.parallel);
         assert_eq!(plan.route(&open, &[0.31, 0.6], 0.3), Some("get_time"));
         assert_eq!(plan.choice, ToolChoice::Named("get_time".into()));
@@ -771,6 +778,11 @@ mod tests {
         assert_eq!(r.route(&open, &[0.1, 0.2], 0.3), Some("get_time"));
         assert_eq!(r.choice, ToolChoice::Named("get_time".into()));
         assert!(!r.parallel);
+        // Under `required` a tool called already is not routed again while others remain.
+        assert_eq!(
+            required.clone().route(&[false, true], &[0.9, 0.1], 0.3),
+            Some("get_time")
+        );
         let mut r = required.clone();
         assert_eq!(r.route(&[false, false], &[0.9, 0.1], 0.3), None);
         assert_eq!(r.choice, ToolChoice::Required);
@@ -846,10 +858,16 @@ mod tests {
             next.route(&plan.uncalled(&text), &[0.8, 0.1], 0.3),
             Some("final_answer")
         );
-        // A name inside a longer word is not a call of it.
+        // JSON counts too; a name in prose, or inside a longer name, is no call.
+        let json_text = [
+            user.clone(),
+            ChatMessage::assistant(r#"{"name" : "final_answer"}"#),
+        ];
+        assert_eq!(plan.uncalled(&json_text), [true, false]);
         let prose = [
             user,
-            ChatMessage::assistant("the get_weather_v2 tool; final_answers"),
+            ChatMessage::assistant("I will call get_weather, then final_answer."),
+            ChatMessage::assistant("{'name': 'get_weather_v2'}"),
         ];
         assert_eq!(plan.uncalled(&prose), [true, true]);
     }
