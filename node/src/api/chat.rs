@@ -506,7 +506,7 @@ async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
         return;
     };
     let open = tp.uncalled(&plan.messages);
-    let question = ToolPlan::route_question(&plan.messages)
+    let question = tools::last_user_message(&plan.messages)
         .unwrap_or_default()
         .trim()
         .to_string();
@@ -531,8 +531,9 @@ async fn route_tools(state: &AppState, plan: &mut ChatPlan) {
 }
 
 /// Picks the engine for `plan`, admits the request, lets the tool router decide, adds
-/// worked examples and tool instructions and starts generating. The front ends (OpenAI's chat completions, Ollama's chat
-/// and generate) differ only in how they read requests and write answers.
+/// worked examples and tool instructions and starts generating. The front ends (OpenAI's
+/// chat completions, Ollama's chat and generate) differ only in how they read requests and
+/// write answers.
 pub(crate) async fn start(state: &AppState, plan: &mut ChatPlan) -> Result<Started, ApiError> {
     let engine = state.chat_engine(plan.model.as_deref())?;
     // Admitted before any work is done for it: the router's and the worked examples'
@@ -798,12 +799,7 @@ pub const MEMORIES_HEADER: &str = "x-starling-memories";
 /// leading system messages: a small model follows examples given as turns and copies
 /// examples given as a block of text (`starling eval format`). Returns the ids shown.
 async fn with_examples(messages: &mut Vec<ChatMessage>, ex: &MemoryExamples) -> Vec<String> {
-    let Some(query) = messages
-        .iter()
-        .rev()
-        .find(|m| m.role == "user")
-        .map(|m| m.content.clone())
-    else {
+    let Some(query) = tools::last_user_message(messages).map(str::to_owned) else {
         return Vec::new();
     };
     let memories = ex

@@ -325,15 +325,6 @@ impl ToolPlan {
             }
     }
 
-    /// What the router compares with the tools: the last user message.
-    pub fn route_question(messages: &[ChatMessage]) -> Option<&str> {
-        messages
-            .iter()
-            .rev()
-            .find(|m| m.role == "user")
-            .map(|m| m.content.as_str())
-    }
-
     /// For each offered tool, whether the conversation has not called it yet. A tool is
     /// called when an assistant message's calls name it, or when an assistant message's
     /// text holds a call of it written out (`'name': 'get_weather'` or `"name":
@@ -561,6 +552,16 @@ pub fn similarities(vectors: &[Vec<f32>]) -> Vec<f32> {
             _ => 0.0,
         })
         .collect()
+}
+
+/// The last user message: what the tool router compares with the tools, and what worked
+/// examples are looked up for.
+pub fn last_user_message(messages: &[ChatMessage]) -> Option<&str> {
+    messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map(|m| m.content.as_str())
 }
 
 /// Whether `text` holds a call of tool `name` written out as JSON or as a Python dict:
@@ -828,7 +829,7 @@ mod tests {
         assert!(plan.routes(std::slice::from_ref(&user)));
         assert_eq!(plan.uncalled(std::slice::from_ref(&user)), [true, true]);
         assert_eq!(
-            ToolPlan::route_question(std::slice::from_ref(&user)),
+            last_user_message(std::slice::from_ref(&user)),
             Some("Weather in Oslo?")
         );
         // OpenAI's shape (pydantic-ai): a structured call, then its `tool` result.
@@ -844,7 +845,7 @@ mod tests {
         let openai = [user.clone(), call, result];
         assert!(plan.routes(&openai));
         assert_eq!(plan.uncalled(&openai), [false, true]);
-        assert_eq!(ToolPlan::route_question(&openai), Some("Weather in Oslo?"));
+        assert_eq!(last_user_message(&openai), Some("Weather in Oslo?"));
         // smolagents' shape: the call as assistant text, its result as a user message.
         let text = [
             user.clone(),
