@@ -15,7 +15,9 @@
 //! low nibbles are the first block and high nibbles the second); AVX-512 and AVX2 read
 //! chunks of 16 blocks interleaved in 4-byte lanes (AVX2 as two 256-bit halves of 8), so
 //! that each block's dot product builds up in a 32-bit lane of its own and its scales are
-//! applied once per block.
+//! applied once per block. In the lane layout the weight rows are also interleaved four at
+//! a time (see [`Layout::tile_rows`]): a tile of four rows reads its weights, scales and
+//! biases as three sequential streams instead of twelve.
 //!
 //! Five implementations: AVX-512 VNNI, AVX2 (+FMA, F16C), AVX (+FMA, F16C, without AVX2:
 //! 128-bit integer products), aarch64 NEON and portable scalar code, chosen at run time
@@ -90,36 +92,81 @@ impl Layout {
         }
     }
 
-    /// Where value `j` of block `b` lies in a row of `nbp` blocks stored one byte per
-    /// value (Q8 weights, activations).
-    #[inline(always)]
-    pub(crate) fn byte_index(self, nbp: usize, b: usize, j: usize) -> usize {
+    /// Rows a weight matrix in this layout interleaves. In [`Layout::Lanes`] the rows go in
+    /// tiles of four (fewer in a matrix's last tile), and each chunk step of a tile's rows
+    /// lies side by side: step `t` of a chunk is row 0's bytes of that step, then row 1's,
+    /// and so on, so a 4-row tile kernel, which reads step `t` of all four rows before step
+    /// `t + 1`, reads one sequential stream. Row after row, the four rows are four streams
+    /// `row_bytes` apart read in lockstep, which one core of an AMD EPYC reads at half its
+    /// sequential rate (`benches/llm/stream_pattern.c`: 12.8 against 23–26 GB/s). A
+    /// chunk's block scales (and Q4_1 biases) are interleaved the same way, a chunk at a
+    /// time. [`Layout::Pairs`] keeps rows one after another.
+    pub(crate) const fn tile_rows(self) -> usize {
         match self {
-            Self::Pairs => b * BLOCK + j,
-            Self::Lanes => {
+            Self::Pairs => 1,
+            Self::Lanes => 4,
+        }
+    }
+
+    /// Where value `j` of block `b` lies in one row of `nbp` blocks of `fmt`, as a step of
+    /// the row's layout; see [`Spot`].
+    #[inline(always)]
+    fn spot(self, fmt: Format, nbp: usize, b: usize, j: usize) -> Spot {
+        match (self, fmt) {
+            (Self::Pairs, Format::Q8_0) => Spot {
+                start: 0,
+                step: 0,
+                step_bytes: 0,
+                within: b * BLOCK + j,
+                shift: 0,
+            },
+            (Self::Pairs, _) => Spot {
+                start: 0,
+                step: 0,
+                step_bytes: 0,
+                within: (b / 2) * BLOCK + j,
+                shift: if b.is_multiple_of(2) { 0 } else { 4 },
+            },
+            (Self::Lanes, Format::Q8_0) => {
                 let ch = Chunk::of(nbp, b);
                 let (t, lane) = ch.place(b, j);
-                ch.start * BLOCK + t * ch.step_bytes() + lane * 4 + j % 4
+                Spot {
+                    start: ch.start * BLOCK,
+                    step: t,
+                    step_bytes: ch.step_bytes(),
+                    within: lane * 4 + j % 4,
+                    shift: 0,
+                }
+            }
+            (Self::Lanes, _) => {
+                let ch = Chunk::of(nbp, b);
+                let (t, lane) = ch.place(b, j);
+                let half = ch.steps() / 2;
+                Spot {
+                    start: ch.start * BLOCK / 2,
+                    step: t % half,
+                    step_bytes: ch.step_bytes(),
+                    within: lane * 4 + j % 4,
+                    shift: if t < half { 0 } else { 4 },
+                }
             }
         }
     }
 
+    /// Where value `j` of block `b` lies in a row of `nbp` blocks stored one byte per
+    /// value (Q8 weights, activations).
+    #[inline(always)]
+    pub(crate) fn byte_index(self, nbp: usize, b: usize, j: usize) -> usize {
+        let s = self.spot(Format::Q8_0, nbp, b, j);
+        s.start + s.step * s.step_bytes + s.within
+    }
+
     /// The byte and bit shift (0 or 4) of value `j` of block `b` in a row of `nbp` blocks
     /// stored one nibble per value (Q4_0, Q4_1).
-    #[inline(always)]
-    pub(crate) fn nibble_index(self, nbp: usize, b: usize, j: usize) -> (usize, u32) {
-        match self {
-            Self::Pairs => ((b / 2) * BLOCK + j, if b.is_multiple_of(2) { 0 } else { 4 }),
-            Self::Lanes => {
-                let ch = Chunk::of(nbp, b);
-                let (t, lane) = ch.place(b, j);
-                let half = ch.steps() / 2;
-                (
-                    ch.start * BLOCK / 2 + (t % half) * ch.step_bytes() + lane * 4 + j % 4,
-                    if t < half { 0 } else { 4 },
-                )
-            }
-        }
+    #[cfg(test)]
+    fn nibble_index(self, nbp: usize, b: usize, j: usize) -> (usize, u32) {
+        let s = self.spot(Format::Q4_0, nbp, b, j);
+        (s.start + s.step * s.step_bytes + s.within, s.shift)
     }
 }
 
@@ -184,6 +231,100 @@ impl Chunk {
         let g = j / 4;
         (g / self.per, (b - self.start) * self.per + g % self.per)
     }
+}
+
+/// A value's place in one row: byte `within` (and bit `shift`) of step `step` of a chunk
+/// whose steps are `step_bytes` long and start at byte `start` of the row
+/// ([`Layout::Pairs`] has one step, the whole row).
+#[derive(Clone, Copy, Debug)]
+struct Spot {
+    start: usize,
+    step: usize,
+    step_bytes: usize,
+    within: usize,
+    shift: u32,
+}
+
+/// Where row `r` of a weight matrix of `rows` rows in `layout` keeps its steps and scales:
+/// the row is number `ri` of a tile of `g` rows whose bytes start at `q` and whose scales
+/// start at `d` (see [`Layout::tile_rows`]). For [`Layout::Pairs`], `g` is 1 and the tile
+/// is the row.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowAt {
+    q: usize,
+    d: usize,
+    g: usize,
+    ri: usize,
+}
+
+impl RowAt {
+    /// Row `r` of a matrix of `rows` rows of `nbp` blocks of `fmt`.
+    #[inline(always)]
+    pub(crate) fn new(fmt: Format, layout: Layout, nbp: usize, rows: usize, r: usize) -> Self {
+        let tr = layout.tile_rows();
+        let tile = r / tr;
+        Self {
+            q: tile * tr * fmt.row_bytes(nbp * BLOCK),
+            d: tile * tr * nbp,
+            g: tr.min(rows - tile * tr),
+            ri: r % tr,
+        }
+    }
+
+    /// The byte of step `s` (`step_bytes` long) of the chunk starting at byte `start` of an
+    /// uninterleaved row.
+    #[inline(always)]
+    pub(crate) fn step(self, start: usize, s: usize, step_bytes: usize) -> usize {
+        self.q + self.g * (start + s * step_bytes) + self.ri * step_bytes
+    }
+
+    /// The index of the first of the scales (or biases) of chunk `ch`'s blocks, which
+    /// follow one another, in [`Layout::Lanes`].
+    #[inline(always)]
+    pub(crate) fn chunk_scales(self, ch: Chunk) -> usize {
+        self.d + self.g * ch.start + self.ri * ch.n
+    }
+
+    /// The index of block `b`'s scale (or bias) in a matrix of `nbp` blocks per row.
+    #[inline(always)]
+    fn scale(self, layout: Layout, nbp: usize, b: usize) -> usize {
+        match layout {
+            Layout::Pairs => self.d + b,
+            Layout::Lanes => {
+                let ch = Chunk::of(nbp, b);
+                self.chunk_scales(ch) + b - ch.start
+            }
+        }
+    }
+
+    /// The byte and bit shift (0 or 4) of value `j` of block `b`.
+    #[inline(always)]
+    fn value(self, fmt: Format, layout: Layout, nbp: usize, b: usize, j: usize) -> (usize, u32) {
+        let s = layout.spot(fmt, nbp, b, j);
+        (self.step(s.start, s.step, s.step_bytes) + s.within, s.shift)
+    }
+}
+
+/// The byte and bit shift (0, or 4 for the high nibble) of value `j` of block `b` of row
+/// `r` in a weight matrix of `rows` rows of `nbp` blocks of `fmt`, arranged as `layout`
+/// says (rows interleaved in tiles as [`Layout::tile_rows`] says).
+pub(crate) fn weight_index(
+    fmt: Format,
+    layout: Layout,
+    nbp: usize,
+    rows: usize,
+    r: usize,
+    b: usize,
+    j: usize,
+) -> (usize, u32) {
+    RowAt::new(fmt, layout, nbp, rows, r).value(fmt, layout, nbp, b, j)
+}
+
+/// The index of block `b`'s scale (and Q4_1 bias) of row `r` in a weight matrix of `rows`
+/// rows of `nbp` blocks arranged as `layout` says.
+pub(crate) fn scale_index(layout: Layout, nbp: usize, rows: usize, r: usize, b: usize) -> usize {
+    // The scales' place does not depend on the format.
+    RowAt::new(Format::Q8_0, layout, nbp, rows, r).scale(layout, nbp, b)
 }
 
 /// The instruction set the kernels run with.
@@ -288,7 +429,9 @@ impl Isa {
     }
 }
 
-/// `R` consecutive weight rows.
+/// `R` consecutive weight rows: rows `first..first + R` of the `rows` rows held in the
+/// slices (whole tiles of [`Layout::tile_rows`], the last one possibly short, as in a
+/// whole matrix).
 #[derive(Clone, Copy)]
 pub(crate) struct WeightRows<'a> {
     /// Packed integers, `row_bytes` per row.
@@ -299,10 +442,65 @@ pub(crate) struct WeightRows<'a> {
     pub m: &'a [f16],
     /// Storage format.
     pub fmt: Format,
-    /// Arrangement of each row's blocks.
+    /// Arrangement of each row's blocks, and of the rows in tiles.
     pub layout: Layout,
     /// Blocks per row, padded to an even number.
     pub nbp: usize,
+    /// Rows held in the slices.
+    pub rows: usize,
+    /// The first of the tile's rows.
+    pub first: usize,
+}
+
+impl WeightRows<'_> {
+    /// Rows `r0..r0 + n` of these rows, which must start at the slices' first: the slices
+    /// of the tiles that hold them.
+    pub(crate) fn sub(&self, r0: usize, n: usize) -> Self {
+        assert!(self.first == 0 && r0 + n <= self.rows, "rows out of range");
+        let tr = self.layout.tile_rows();
+        let (base, end) = (r0 / tr * tr, ((r0 + n).div_ceil(tr) * tr).min(self.rows));
+        let (rb, nbp) = (self.fmt.row_bytes(self.nbp * BLOCK), self.nbp);
+        Self {
+            q: &self.q[base * rb..end * rb],
+            d: &self.d[base * nbp..end * nbp],
+            m: if self.m.is_empty() {
+                &[]
+            } else {
+                &self.m[base * nbp..end * nbp]
+            },
+            rows: end - base,
+            first: r0 - base,
+            ..*self
+        }
+    }
+
+    /// Where the tile's row `r` lies in the slices.
+    #[inline(always)]
+    pub(crate) fn row_at(&self, r: usize) -> RowAt {
+        RowAt::new(self.fmt, self.layout, self.nbp, self.rows, self.first + r)
+    }
+
+    /// The unsigned value `j` of block `b` of the tile's row `r`.
+    #[inline(always)]
+    pub(crate) fn value(&self, r: usize, b: usize, j: usize) -> u8 {
+        let (at, shift) = self.row_at(r).value(self.fmt, self.layout, self.nbp, b, j);
+        match self.fmt {
+            Format::Q8_0 => self.q[at],
+            Format::Q4_0 | Format::Q4_1 => (self.q[at] >> shift) & 0x0F,
+        }
+    }
+
+    /// The scale `d` and bias `m` of block `b` of the tile's row `r` (`m = -offset·d` for
+    /// the formats without a stored bias).
+    #[inline(always)]
+    pub(crate) fn scale_bias(&self, r: usize, b: usize) -> (f32, f32) {
+        let i = self.row_at(r).scale(self.layout, self.nbp, b);
+        let d = self.d[i].to_f32();
+        match self.fmt {
+            Format::Q4_1 => (d, self.m[i].to_f32()),
+            f => (d, -f.offset() * d),
+        }
+    }
 }
 
 /// `C` consecutive quantised activation rows.
@@ -342,12 +540,18 @@ pub(crate) fn tile<const R: usize, const C: usize>(
         "weights and activations must share a layout"
     );
     assert!(
-        w.q.len() >= R * w.fmt.row_bytes(kp) && w.d.len() >= R * nbp,
+        w.first + R <= w.rows
+            && w.q.len() >= w.rows * w.fmt.row_bytes(kp)
+            && w.d.len() >= w.rows * nbp,
         "weight tile too short"
     );
     assert!(
-        w.fmt != Format::Q4_1 || w.m.len() >= R * nbp,
+        w.fmt != Format::Q4_1 || w.m.len() >= w.rows * nbp,
         "weight biases missing"
+    );
+    assert!(
+        w.layout.tile_rows() > 1 || w.first == 0,
+        "rows one after another start at the slices' first"
     );
     assert!(
         a.q.len() >= C * kp && a.d.len() >= C * nbp && a.s.len() >= C * nbp,
@@ -440,48 +644,6 @@ const fn row_bytes(f: u8, kp: usize) -> usize {
         kp
     } else {
         kp / 2
-    }
-}
-
-/// The unsigned value `j` (0..32) of block `b` of a packed row of `nbp` blocks.
-#[inline(always)]
-pub(crate) fn unpack(
-    fmt: Format,
-    layout: Layout,
-    nbp: usize,
-    row: &[u8],
-    b: usize,
-    j: usize,
-) -> u8 {
-    match fmt {
-        Format::Q8_0 => row[layout.byte_index(nbp, b, j)],
-        Format::Q4_0 | Format::Q4_1 => {
-            let (at, shift) = layout.nibble_index(nbp, b, j);
-            (row[at] >> shift) & 0x0F
-        }
-    }
-}
-
-#[cfg(test)]
-/// Stores the unsigned value `u` (below 16 for the 4-bit formats) as value `j` of block
-/// `b` of a packed row of `nbp` blocks; 4-bit values are or-ed into their nibble, so the
-/// row must start zeroed.
-#[inline(always)]
-pub(crate) fn pack(
-    fmt: Format,
-    layout: Layout,
-    nbp: usize,
-    row: &mut [u8],
-    b: usize,
-    j: usize,
-    u: u8,
-) {
-    match fmt {
-        Format::Q8_0 => row[layout.byte_index(nbp, b, j)] = u,
-        Format::Q4_0 | Format::Q4_1 => {
-            let (at, shift) = layout.nibble_index(nbp, b, j);
-            row[at] |= u << shift;
-        }
     }
 }
 
@@ -582,23 +744,16 @@ fn tile_scalar<const R: usize, const C: usize>(
 ) {
     let nbp = w.nbp;
     let kp = nbp * BLOCK;
-    let rb = w.fmt.row_bytes(kp);
     for (c, out_c) in out.iter_mut().enumerate() {
         let aq = &a.q[c * kp..(c + 1) * kp];
         for (r, o) in out_c.iter_mut().enumerate() {
-            let row = &w.q[r * rb..(r + 1) * rb];
             let mut sum = 0f32;
             for b in 0..nbp {
                 let mut dot = 0i32;
                 for j in 0..BLOCK {
-                    dot += unpack(w.fmt, w.layout, nbp, row, b, j) as i32
-                        * aq[a.layout.byte_index(nbp, b, j)] as i32;
+                    dot += w.value(r, b, j) as i32 * aq[a.layout.byte_index(nbp, b, j)] as i32;
                 }
-                let d = w.d[r * nbp + b].to_f32();
-                let m = match w.fmt {
-                    Format::Q4_1 => w.m[r * nbp + b].to_f32(),
-                    f => -f.offset() * d,
-                };
+                let (d, m) = w.scale_bias(r, b);
                 sum += d * a.d[c * nbp + b] * dot as f32 + m * a.s[c * nbp + b];
             }
             *o = sum;
@@ -612,7 +767,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::{offset, row_bytes, ActRows, Chunk, WeightRows, BLOCK, LANES, Q41, Q8};
+    use super::{offset, row_bytes, ActRows, Chunk, RowAt, WeightRows, BLOCK, LANES, Q41, Q8};
 
     /// AVX-512 VNNI tile kernel over rows in [`super::Layout::Lanes`]; see [`super::tile`].
     ///
@@ -634,12 +789,12 @@ mod x86 {
     ) {
         let nbp = w.nbp;
         let kp = nbp * BLOCK;
-        let rb = row_bytes(F, kp);
         let (wq, wd, wm) = (
             w.q.as_ptr(),
             w.d.as_ptr() as *const i16,
             w.m.as_ptr() as *const i16,
         );
+        let at: [RowAt; R] = std::array::from_fn(|r| w.row_at(r));
         let (aq, ad, as_) = (a.q.as_ptr(), a.d.as_ptr(), a.s.as_ptr());
         let neg_off = _mm512_set1_ps(-offset(F));
         let low = _mm512_set1_epi8(0x0F);
@@ -660,12 +815,12 @@ mod x86 {
             let mut dw = [_mm512_setzero_ps(); R];
             let mut mw = [_mm512_setzero_ps(); R];
             for r in 0..R {
+                let sc = at[r].chunk_scales(ch);
                 // SAFETY: masked loads of blocks chunk..chunk+n of row r (< nbp).
                 unsafe {
-                    dw[r] =
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wd.add(r * nbp + chunk)));
+                    dw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wd.add(sc)));
                     mw[r] = if F == Q41 {
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wm.add(r * nbp + chunk)))
+                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wm.add(sc)))
                     } else {
                         _mm512_mul_ps(dw[r], neg_off)
                     };
@@ -688,7 +843,7 @@ mod x86 {
                         wv[r] = unsafe {
                             _mm512_maskz_loadu_epi32(
                                 lmask,
-                                wq.add(r * rb + chunk * BLOCK + t * step) as *const _,
+                                wq.add(at[r].step(chunk * BLOCK, t, step)) as *const _,
                             )
                         };
                     }
@@ -713,7 +868,7 @@ mod x86 {
                         let x = unsafe {
                             _mm512_maskz_loadu_epi32(
                                 lmask,
-                                wq.add(r * rb + chunk * BLOCK / 2 + s * step) as *const _,
+                                wq.add(at[r].step(chunk * BLOCK / 2, s, step)) as *const _,
                             )
                         };
                         lo[r] = _mm512_and_si512(x, low);
@@ -1164,8 +1319,9 @@ mod x86 {
                         let dot = half_dots::<F, R, N>(w, a, c0, ch, h, 8, _mm256_set1_epi32(-1));
                         let first = chunk + 8 * h;
                         for r in 0..R {
-                            let dw = load_f16x8(w.d.as_ptr().add(r * nbp + first));
-                            let m = bias8::<F>(w, r * nbp + first);
+                            let sc = w.row_at(r).chunk_scales(ch) + 8 * h;
+                            let dw = load_f16x8(w.d.as_ptr().add(sc));
+                            let m = bias8::<F>(w, sc);
                             for c in 0..N {
                                 let row = (c0 + c) * nbp + first;
                                 let da = _mm256_loadu_ps(a.d.as_ptr().add(row));
@@ -1229,8 +1385,8 @@ mod x86 {
         mask: __m256i,
     ) -> [[__m256i; R]; N] {
         let kp = w.nbp * BLOCK;
-        let rb = row_bytes(F, kp);
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
+        let at: [RowAt; R] = std::array::from_fn(|r| w.row_at(r));
         let (step, steps) = (ch.step_bytes(), ch.steps());
         let mut dot = [[_mm256_setzero_si256(); R]; N];
         // SAFETY: every load reads the `used` lanes of one step of the chunk, inside row r
@@ -1240,14 +1396,14 @@ mod x86 {
             if F == Q8 {
                 let flip = _mm256_set1_epi8(-128);
                 for t in 0..steps {
-                    let at = ch.start * BLOCK + t * step + 32 * h;
+                    let off = ch.start * BLOCK + t * step + 32 * h;
                     let mut av = [_mm256_setzero_si256(); N];
                     for c in 0..N {
-                        av[c] = load_lanes(aq.add((c0 + c) * kp + at), used, mask);
+                        av[c] = load_lanes(aq.add((c0 + c) * kp + off), used, mask);
                     }
                     for r in 0..R {
-                        let wv =
-                            _mm256_xor_si256(load_lanes(wq.add(r * rb + at), used, mask), flip);
+                        let p = wq.add(at[r].step(ch.start * BLOCK, t, step) + 32 * h);
+                        let wv = _mm256_xor_si256(load_lanes(p, used, mask), flip);
                         let aw = _mm256_abs_epi8(wv);
                         for c in 0..N {
                             let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(av[c], wv));
@@ -1259,17 +1415,17 @@ mod x86 {
                 let low = _mm256_set1_epi8(0x0F);
                 let half = steps / 2;
                 for s in 0..half {
-                    let at = ch.start * BLOCK + s * step + 32 * h;
+                    let off = ch.start * BLOCK + s * step + 32 * h;
                     let mut al = [_mm256_setzero_si256(); N];
                     let mut ah = [_mm256_setzero_si256(); N];
                     for c in 0..N {
-                        let base = aq.add((c0 + c) * kp + at);
+                        let base = aq.add((c0 + c) * kp + off);
                         al[c] = load_lanes(base, used, mask);
                         ah[c] = load_lanes(base.add(half * step), used, mask);
                     }
                     for r in 0..R {
                         let x = load_lanes(
-                            wq.add(r * rb + ch.start * BLOCK / 2 + s * step + 32 * h),
+                            wq.add(at[r].step(ch.start * BLOCK / 2, s, step) + 32 * h),
                             used,
                             mask,
                         );
@@ -1328,10 +1484,11 @@ mod x86 {
             let mut dw = [[_mm256_setzero_ps(); 2]; R];
             let mut m = [[_mm256_setzero_ps(); 2]; R];
             for r in 0..R {
-                let d = f16s(w.d.as_ptr().add(r * nbp + ch.start), n);
+                let sc = w.row_at(r).chunk_scales(ch);
+                let d = f16s(w.d.as_ptr().add(sc), n);
                 dw[r] = spread(d);
                 if F == Q41 {
-                    m[r] = f16s(w.m.as_ptr().add(r * nbp + ch.start), n);
+                    m[r] = f16s(w.m.as_ptr().add(sc), n);
                 } else if F != Q8 {
                     let k = _mm256_set1_ps(-offset(F));
                     m[r] = [_mm256_mul_ps(d[0], k), _mm256_mul_ps(d[1], k)];
@@ -1600,22 +1757,24 @@ mod tests {
         let rb = fmt.row_bytes(kp);
         let mut t = TestWeights {
             q: vec![0; rows * rb],
-            d: Vec::new(),
-            m: Vec::new(),
+            d: vec![f16::ZERO; rows * nbp],
+            m: vec![f16::ZERO; rows * nbp],
             values: vec![0.0; rows * kp],
         };
         for r in 0..rows {
             for b in 0..nbp {
                 let d = f16::from_f32(rng.gen_range(0.001f32..0.05));
                 let m = f16::from_f32(rng.gen_range(-0.2f32..0.2));
-                t.d.push(d);
-                t.m.push(m);
+                let at = scale_index(layout, nbp, rows, r, b);
+                t.d[at] = d;
+                t.m[at] = m;
                 for j in 0..BLOCK {
                     let u: u8 = match fmt {
                         Format::Q8_0 => rng.gen(),
                         _ => rng.gen_range(0..16),
                     };
-                    pack(fmt, layout, nbp, &mut t.q[r * rb..(r + 1) * rb], b, j, u);
+                    let (at, shift) = weight_index(fmt, layout, nbp, rows, r, b, j);
+                    t.q[at] |= u << shift;
                     let bias = match fmt {
                         Format::Q4_1 => m.to_f32(),
                         f => -f.offset() * d.to_f32(),
@@ -1675,6 +1834,8 @@ mod tests {
             fmt,
             layout,
             nbp,
+            rows: R,
+            first: 0,
         };
         let ar = ActRows {
             q: &a.q,
@@ -1760,6 +1921,8 @@ mod tests {
                             fmt,
                             layout,
                             nbp,
+                            rows,
+                            first: 0,
                         };
                         let a = ActRows {
                             q: &aq,
@@ -1795,19 +1958,17 @@ mod tests {
                     let w = weights(fmt, layout, 4, nbp, &mut rng);
                     let a = acts(layout, 4, nbp, &mut rng);
                     let kp = nbp * BLOCK;
-                    let rb = fmt.row_bytes(kp);
-                    let wr = |r: usize, n: usize| WeightRows {
-                        q: &w.q[r * rb..(r + n) * rb],
-                        d: &w.d[r * nbp..(r + n) * nbp],
-                        m: if w.m.is_empty() {
-                            &[]
-                        } else {
-                            &w.m[r * nbp..(r + n) * nbp]
-                        },
+                    let whole = WeightRows {
+                        q: &w.q,
+                        d: &w.d,
+                        m: &w.m,
                         fmt,
                         layout,
                         nbp,
+                        rows: 4,
+                        first: 0,
                     };
+                    let wr = |r: usize, n: usize| whole.sub(r, n);
                     let ar = |c: usize, n: usize| ActRows {
                         q: &a.q[c * kp..(c + n) * kp],
                         d: &a.d[c * nbp..(c + n) * nbp],
@@ -1834,6 +1995,111 @@ mod tests {
                                 "{what}"
                             );
                             assert_eq!(row0[c][0].to_bits(), one[0][0].to_bits(), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every value and scale of a matrix has a place of its own in either layout, inside
+    /// the matrix, whatever its number of rows (the last tile of four may be short), and
+    /// the lane layout puts step `t` of a tile's rows side by side.
+    #[test]
+    fn matrices_place_every_value_once_with_tiles_interleaved() {
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            for fmt in [Format::Q8_0, Format::Q4_1] {
+                for nbp in [2usize, 18, 22, 32, 34] {
+                    for rows in 1..=9 {
+                        let rb = fmt.row_bytes(nbp * BLOCK);
+                        let mut seen = vec![0u8; rows * rb];
+                        let mut scales = vec![0u8; rows * nbp];
+                        for r in 0..rows {
+                            for b in 0..nbp {
+                                scales[scale_index(layout, nbp, rows, r, b)] += 1;
+                                for j in 0..BLOCK {
+                                    let (at, shift) = weight_index(fmt, layout, nbp, rows, r, b, j);
+                                    seen[at] += 1 << (shift / 4);
+                                }
+                            }
+                        }
+                        let full = if fmt == Format::Q8_0 { 1 } else { 3 };
+                        let what = format!("{layout:?} {fmt:?} nbp={nbp} rows={rows}");
+                        assert!(seen.iter().all(|&n| n == full), "{what}: values");
+                        assert!(scales.iter().all(|&n| n == 1), "{what}: scales");
+                    }
+                }
+            }
+        }
+        // Q8, 32 blocks, 4 rows: step 0 of row 1 follows step 0 of row 0 (64 bytes), and
+        // step 1 of row 0 follows step 0 of row 3; the second chunk starts after 4 × 512.
+        let at = |r, b, j| weight_index(Format::Q8_0, Layout::Lanes, 32, 4, r, b, j).0;
+        assert_eq!(at(1, 0, 0), 64);
+        assert_eq!(at(0, 0, 4), 4 * 64);
+        assert_eq!(at(2, 3, 5), 4 * 64 + 2 * 64 + 12 + 1);
+        assert_eq!(at(0, 16, 0), 4 * 512);
+        // Rows 4 and 5 of 6 are a tile of two; scales of a chunk's 16 blocks go per row.
+        assert_eq!(
+            weight_index(Format::Q8_0, Layout::Lanes, 32, 6, 5, 0, 0).0,
+            4 * 1024 + 64
+        );
+        assert_eq!(scale_index(Layout::Lanes, 32, 4, 1, 2), 16 + 2);
+        assert_eq!(scale_index(Layout::Lanes, 32, 4, 0, 17), 4 * 16 + 1);
+        assert_eq!(scale_index(Layout::Pairs, 32, 4, 1, 2), 32 + 2);
+    }
+
+    /// The rows of a matrix whose last tile of four is short (5 to 7 rows) multiply like
+    /// their values say, one at a time and four at once, on every tier.
+    #[test]
+    fn rows_of_a_short_last_tile_multiply_right() {
+        let mut rng = StdRng::seed_from_u64(91);
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+                for (rows, nbp) in [(5usize, 18usize), (6, 34), (7, 64)] {
+                    let w = weights(fmt, layout, rows, nbp, &mut rng);
+                    let a = acts(layout, 1, nbp, &mut rng);
+                    let kp = nbp * BLOCK;
+                    let whole = WeightRows {
+                        q: &w.q,
+                        d: &w.d,
+                        m: &w.m,
+                        fmt,
+                        layout,
+                        nbp,
+                        rows,
+                        first: 0,
+                    };
+                    let ar = ActRows {
+                        q: &a.q,
+                        d: &a.d,
+                        s: &a.s,
+                        layout,
+                        nbp,
+                    };
+                    let exact = |r: usize| -> f64 {
+                        (0..kp)
+                            .map(|k| w.values[r * kp + k] as f64 * a.values[k] as f64)
+                            .sum()
+                    };
+                    for isa in Isa::available() {
+                        let mut four = [[0f32; 4]; 1];
+                        tile(isa, &whole.sub(0, 4), &ar, &mut four);
+                        for r in 0..rows {
+                            let mut one = [[0f32; 1]; 1];
+                            tile(isa, &whole.sub(r, 1), &ar, &mut one);
+                            let want = exact(r);
+                            let what = format!("{isa:?} {fmt:?} {layout:?} rows={rows} row {r}");
+                            assert!(
+                                (one[0][0] as f64 - want).abs() <= 1e-3 * want.abs().max(1.0),
+                                "{what}: {} vs {want}",
+                                one[0][0]
+                            );
+                            if r < 4 {
+                                assert!(
+                                    (four[0][r] as f64 - want).abs() <= 1e-3 * want.abs().max(1.0),
+                                    "{what} in a tile of four"
+                                );
+                            }
                         }
                     }
                 }

@@ -103,24 +103,16 @@ impl QMatrix {
         let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
         // One 32-value block at a time: its unsigned values, scale and (Q4_1) minimum.
         let mut put = |r: usize, b: usize, u: &[u8; BLOCK], d: f16, min: Option<f16>| {
-            m.d[r * nbp + b] = d;
+            let at = kernels::scale_index(layout, nbp, rows, r, b);
+            m.d[at] = d;
             if let Some(min) = min {
-                m.m[r * nbp + b] = min;
+                m.m[at] = min;
             }
-            let row = &mut m.q[r * rb..(r + 1) * rb];
             // Each group of four values is contiguous in either layout.
             for (g, four) in u.chunks_exact(4).enumerate() {
-                match fmt {
-                    Format::Q8_0 => {
-                        let at = layout.byte_index(nbp, b, 4 * g);
-                        row[at..at + 4].copy_from_slice(four);
-                    }
-                    Format::Q4_0 | Format::Q4_1 => {
-                        let (at, shift) = layout.nibble_index(nbp, b, 4 * g);
-                        for (dst, &v) in row[at..at + 4].iter_mut().zip(four) {
-                            *dst |= v << shift;
-                        }
-                    }
+                let (at, shift) = kernels::weight_index(fmt, layout, nbp, rows, r, b, 4 * g);
+                for (dst, &v) in m.q[at..at + 4].iter_mut().zip(four) {
+                    *dst |= v << shift;
                 }
             }
         };
@@ -181,7 +173,8 @@ impl QMatrix {
     }
 
     /// Stacks matrices of the same format, layout and width row-wise; gives them back
-    /// otherwise.
+    /// otherwise, and when a part other than the last ends in a short tile of interleaved
+    /// rows (which would land amid the stack's tiles).
     pub(crate) fn concat(parts: Vec<QMatrix>) -> Result<QMatrix, Vec<QMatrix>> {
         let Some(first) = parts.first() else {
             return Err(parts);
@@ -190,6 +183,9 @@ impl QMatrix {
         if parts
             .iter()
             .any(|p| p.fmt != fmt || p.layout != layout || p.k != k)
+            || parts[..parts.len() - 1]
+                .iter()
+                .any(|p| !p.rows.is_multiple_of(layout.tile_rows()))
         {
             return Err(parts);
         }
@@ -221,89 +217,44 @@ impl QMatrix {
         self.q.len() + 2 * (self.d.len() + self.m.len())
     }
 
-    fn view(&self, r0: usize, n: usize) -> WeightRows<'_> {
-        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
+    /// All the rows.
+    fn whole(&self) -> WeightRows<'_> {
         WeightRows {
-            q: &self.q[r0 * rb..(r0 + n) * rb],
-            d: &self.d[r0 * self.nbp..(r0 + n) * self.nbp],
-            m: if self.m.is_empty() {
-                &[]
-            } else {
-                &self.m[r0 * self.nbp..(r0 + n) * self.nbp]
-            },
+            q: &self.q,
+            d: &self.d,
+            m: &self.m,
             fmt: self.fmt,
             layout: self.layout,
             nbp: self.nbp,
+            rows: self.rows,
+            first: 0,
         }
     }
 
-    /// Asks the CPU to start loading rows `r0..r0 + n` (clamped to the matrix) into cache.
-    /// Decoding streams every weight once per token, and the hardware prefetcher alone
-    /// leaves the loads waiting on memory.
-    fn prefetch(&self, r0: usize, n: usize) {
-        let end = (r0 + n).min(self.rows);
-        if r0 >= end {
-            return;
-        }
-        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
-        let lines = |bytes: &[u8]| {
-            for line in bytes.chunks(64) {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: a prefetch is only a hint; it never faults, and the pointer is in
-                // bounds anyway.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        line.as_ptr() as *const i8,
-                    )
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = line;
-            }
-        };
-        lines(&self.q[r0 * rb..end * rb]);
-        let scales = |v: &[f16]| lines(bytemuck_f16(v));
-        scales(&self.d[r0 * self.nbp..end * self.nbp]);
-        if !self.m.is_empty() {
-            scales(&self.m[r0 * self.nbp..end * self.nbp]);
-        }
+    fn view(&self, r0: usize, n: usize) -> WeightRows<'_> {
+        self.whole().sub(r0, n)
     }
 
     /// Writes column `c` as f32 values into `out` (one per row).
     pub(crate) fn column(&self, c: usize, out: &mut [f32]) {
-        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
         let (b, j) = (c / BLOCK, c % BLOCK);
+        let w = self.whole();
         for (r, o) in out[..self.rows].iter_mut().enumerate() {
-            let d = self.d[r * self.nbp + b].to_f32();
-            let m = match self.fmt {
-                Format::Q4_1 => self.m[r * self.nbp + b].to_f32(),
-                f => -f.offset() * d,
-            };
-            let row = &self.q[r * rb..(r + 1) * rb];
-            *o = d * kernels::unpack(self.fmt, self.layout, self.nbp, row, b, j) as f32 + m;
+            let (d, m) = w.scale_bias(r, b);
+            *o = d * w.value(r, b, j) as f32 + m;
         }
     }
 
     /// Writes row `r` as f32 values into `out` (`k` values).
     pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let rb = self.fmt.row_bytes(self.nbp * BLOCK);
-        let row = &self.q[r * rb..(r + 1) * rb];
+        let w = self.view(r, 1);
         for (b, chunk) in out[..self.k].chunks_mut(BLOCK).enumerate() {
-            let d = self.d[r * self.nbp + b].to_f32();
-            let m = match self.fmt {
-                Format::Q4_1 => self.m[r * self.nbp + b].to_f32(),
-                f => -f.offset() * d,
-            };
+            let (d, m) = w.scale_bias(0, b);
             for (j, o) in chunk.iter_mut().enumerate() {
-                *o = d * kernels::unpack(self.fmt, self.layout, self.nbp, row, b, j) as f32 + m;
+                *o = d * w.value(0, b, j) as f32 + m;
             }
         }
     }
-}
-
-/// The bytes of a slice of f16 values.
-fn bytemuck_f16(v: &[f16]) -> &[u8] {
-    // SAFETY: f16 is a plain 2-byte value with no padding; any byte of it may be read.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
 /// Activations quantised to signed 8-bit blocks: `tokens × k` values, padded like the
@@ -509,10 +460,10 @@ fn for_tiles(
         let mut r = rows.start;
         while r < rows.end {
             if r + 4 <= rows.end {
-                tiles_of_rows::<4>(isa, w, r, acts, cols.clone(), seq, emit);
+                tiles_of_rows::<4>(isa, w, r, acts, cols.clone(), emit);
                 r += 4;
             } else {
-                tiles_of_rows::<1>(isa, w, r, acts, cols.clone(), seq, emit);
+                tiles_of_rows::<1>(isa, w, r, acts, cols.clone(), emit);
                 r += 1;
             }
         }
@@ -520,22 +471,18 @@ fn for_tiles(
     }
 }
 
-/// How far ahead of the current rows a decode step prefetches weights.
-const PREFETCH_ROWS: usize = 16;
-
-/// The tiles of rows `r0..r0 + R` against the tokens `cols` of the `seq` being multiplied.
+/// The tiles of rows `r0..r0 + R` against the tokens `cols`.
 fn tiles_of_rows<const R: usize>(
     isa: Isa,
     w: &QMatrix,
     r0: usize,
     acts: &QActs,
     cols: Range<usize>,
-    seq: usize,
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    if seq < 4 {
-        w.prefetch(r0 + PREFETCH_ROWS, R);
-    }
+    // No software prefetch: with a tile's rows interleaved into one stream, the hardware
+    // prefetcher keeps up, and prefetching 16 rows ahead slowed 1B decode on one AMD EPYC
+    // thread from 16.4 to 10.5 tokens/s (benches/RESULTS.md, issue 14).
     let wr = w.view(r0, R);
     let mut c = cols.start;
     while c + 4 <= cols.end {
