@@ -278,6 +278,13 @@ impl RowAt {
         self.q + self.g * (start + s * step_bytes) + self.ri * step_bytes
     }
 
+    /// The byte of step 0 of the chunk starting at byte `start` of an uninterleaved row,
+    /// and the bytes from one of its steps to the next (`step_bytes` long).
+    #[inline(always)]
+    pub(crate) fn chunk_steps(self, start: usize, step_bytes: usize) -> (usize, usize) {
+        (self.step(start, 0, step_bytes), self.g * step_bytes)
+    }
+
     /// The index of the first of the scales (or biases) of chunk `ch`'s blocks, which
     /// follow one another, in [`Layout::Lanes`].
     #[inline(always)]
@@ -836,16 +843,23 @@ mod x86 {
             let mut dot = [[_mm512_setzero_si512(); R]; C];
             // SAFETY (both arms): every load covers the chunk's lanes of 4 bytes of one of
             // its steps, inside row r of the weights and row c of the activations.
+            // Each row's steps, walked by pointer (no index arithmetic in the loop); the rows
+            // of one call belong to one tile, so they share the stride between steps.
+            let start = if F == Q8 {
+                chunk * BLOCK
+            } else {
+                chunk * BLOCK / 2
+            };
+            let stride = at[0].chunk_steps(start, step).1;
+            debug_assert!(at.iter().all(|x| x.chunk_steps(start, step).1 == stride));
+            let mut wp: [*const u8; R] =
+                std::array::from_fn(|r| unsafe { wq.add(at[r].chunk_steps(start, step).0) });
             if F == Q8 {
                 for t in 0..steps {
                     let mut wv = [_mm512_setzero_si512(); R];
                     for r in 0..R {
-                        wv[r] = unsafe {
-                            _mm512_maskz_loadu_epi32(
-                                lmask,
-                                wq.add(at[r].step(chunk * BLOCK, t, step)) as *const _,
-                            )
-                        };
+                        wv[r] = unsafe { _mm512_maskz_loadu_epi32(lmask, wp[r] as *const _) };
+                        wp[r] = wp[r].wrapping_add(stride);
                     }
                     for c in 0..C {
                         let av = unsafe {
@@ -865,12 +879,8 @@ mod x86 {
                     let mut lo = [_mm512_setzero_si512(); R];
                     let mut hi = [_mm512_setzero_si512(); R];
                     for r in 0..R {
-                        let x = unsafe {
-                            _mm512_maskz_loadu_epi32(
-                                lmask,
-                                wq.add(at[r].step(chunk * BLOCK / 2, s, step)) as *const _,
-                            )
-                        };
+                        let x = unsafe { _mm512_maskz_loadu_epi32(lmask, wp[r] as *const _) };
+                        wp[r] = wp[r].wrapping_add(stride);
                         lo[r] = _mm512_and_si512(x, low);
                         hi[r] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), low);
                     }
@@ -1308,6 +1318,7 @@ mod x86 {
         acc: &mut [[__m256; R]; C],
     ) {
         let nbp = w.nbp;
+        let at: [RowAt; R] = std::array::from_fn(|r| w.row_at(r));
         let mut chunk = 0;
         while chunk < nbp {
             let ch = Chunk::at(nbp, chunk);
@@ -1316,10 +1327,11 @@ mod x86 {
                 if ch.n == LANES {
                     // A whole chunk: two halves of eight blocks, eight steps of 64 bytes.
                     for h in 0..2 {
-                        let dot = half_dots::<F, R, N>(w, a, c0, ch, h, 8, _mm256_set1_epi32(-1));
+                        let all = _mm256_set1_epi32(-1);
+                        let dot = half_dots::<F, R, N>(w, &at, a, c0, ch, h, 8, all);
                         let first = chunk + 8 * h;
                         for r in 0..R {
-                            let sc = w.row_at(r).chunk_scales(ch) + 8 * h;
+                            let sc = at[r].chunk_scales(ch) + 8 * h;
                             let dw = load_f16x8(w.d.as_ptr().add(sc));
                             let m = bias8::<F>(w, sc);
                             for c in 0..N {
@@ -1339,7 +1351,7 @@ mod x86 {
                         }
                     }
                 } else {
-                    short_chunk::<F, R, C, N>(w, a, c0, ch, acc);
+                    short_chunk::<F, R, C, N>(w, &at, a, c0, ch, acc);
                 }
             }
             chunk += LANES;
@@ -1375,8 +1387,10 @@ mod x86 {
     /// `mask` when fewer than 8) of the tile's weight rows with activation rows
     /// `c0..c0 + N`.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn half_dots<const F: u8, const R: usize, const N: usize>(
         w: &WeightRows<'_>,
+        at: &[RowAt; R],
         a: &ActRows<'_>,
         c0: usize,
         ch: Chunk,
@@ -1386,8 +1400,18 @@ mod x86 {
     ) -> [[__m256i; R]; N] {
         let kp = w.nbp * BLOCK;
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
-        let at: [RowAt; R] = std::array::from_fn(|r| w.row_at(r));
         let (step, steps) = (ch.step_bytes(), ch.steps());
+        let start = if F == Q8 {
+            ch.start * BLOCK
+        } else {
+            ch.start * BLOCK / 2
+        };
+        // Each row's steps, walked by pointer (no index arithmetic in the loop); the rows
+        // of one call belong to one tile, so they share the stride between steps.
+        let stride = at[0].chunk_steps(start, step).1;
+        debug_assert!(at.iter().all(|x| x.chunk_steps(start, step).1 == stride));
+        let mut wp: [*const u8; R] =
+            std::array::from_fn(|r| wq.wrapping_add(at[r].chunk_steps(start, step).0 + 32 * h));
         let mut dot = [[_mm256_setzero_si256(); R]; N];
         // SAFETY: every load reads the `used` lanes of one step of the chunk, inside row r
         // of the weights or row c0 + c of the activations.
@@ -1402,8 +1426,8 @@ mod x86 {
                         av[c] = load_lanes(aq.add((c0 + c) * kp + off), used, mask);
                     }
                     for r in 0..R {
-                        let p = wq.add(at[r].step(ch.start * BLOCK, t, step) + 32 * h);
-                        let wv = _mm256_xor_si256(load_lanes(p, used, mask), flip);
+                        let wv = _mm256_xor_si256(load_lanes(wp[r], used, mask), flip);
+                        wp[r] = wp[r].wrapping_add(stride);
                         let aw = _mm256_abs_epi8(wv);
                         for c in 0..N {
                             let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(av[c], wv));
@@ -1424,11 +1448,8 @@ mod x86 {
                         ah[c] = load_lanes(base.add(half * step), used, mask);
                     }
                     for r in 0..R {
-                        let x = load_lanes(
-                            wq.add(at[r].step(ch.start * BLOCK / 2, s, step) + 32 * h),
-                            used,
-                            mask,
-                        );
+                        let x = load_lanes(wp[r], used, mask);
+                        wp[r] = wp[r].wrapping_add(stride);
                         let lo = _mm256_and_si256(x, low);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), low);
                         for c in 0..N {
@@ -1454,6 +1475,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn short_chunk<const F: u8, const R: usize, const C: usize, const N: usize>(
         w: &WeightRows<'_>,
+        at: &[RowAt; R],
         a: &ActRows<'_>,
         c0: usize,
         ch: Chunk,
@@ -1484,7 +1506,7 @@ mod x86 {
             let mut dw = [[_mm256_setzero_ps(); 2]; R];
             let mut m = [[_mm256_setzero_ps(); 2]; R];
             for r in 0..R {
-                let sc = w.row_at(r).chunk_scales(ch);
+                let sc = at[r].chunk_scales(ch);
                 let d = f16s(w.d.as_ptr().add(sc), n);
                 dw[r] = spread(d);
                 if F == Q41 {
@@ -1508,7 +1530,7 @@ mod x86 {
                     break;
                 }
                 let used = (ch.lanes() - 8 * h).min(8);
-                let dot = half_dots::<F, R, N>(w, a, c0, ch, h, used, lane_mask(used));
+                let dot = half_dots::<F, R, N>(w, at, a, c0, ch, h, used, lane_mask(used));
                 for r in 0..R {
                     for c in 0..N {
                         let x = &mut acc[c0 + c][r];
