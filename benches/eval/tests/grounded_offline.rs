@@ -148,7 +148,7 @@ fn grounded_pipeline_keeps_its_score_on_the_projects_own_scenarios() {
     // asserted on (see benches/swarm_qa/README.md).
     // `blind*` sets print their counts only, so their failures stay unread.
     for name in [
-        "fresh", "holdout", "blind", "blind2", "blind3", "blind4", "blind5",
+        "fresh", "holdout", "blind", "blind2", "blind3", "blind4", "blind5", "blind6",
     ] {
         let path = root.join(format!("benches/swarm_qa/{name}.jsonl"));
         if let Some((ok, n)) = score_file(&path, name.starts_with("blind")) {
