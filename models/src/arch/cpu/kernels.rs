@@ -278,11 +278,22 @@ impl RowAt {
         self.q + self.g * (start + s * step_bytes) + self.ri * step_bytes
     }
 
-    /// The byte of step 0 of the chunk starting at byte `start` of an uninterleaved row,
-    /// and the bytes from one of its steps to the next (`step_bytes` long).
+    /// For a kernel that walks each of a tile's rows by pointer: pointers into `q` at step 0
+    /// (plus `offset` bytes) of the chunk starting at byte `start` of each uninterleaved row,
+    /// and the bytes from one step to the next. The rows of one call belong to one tile, so
+    /// they share that stride.
     #[inline(always)]
-    pub(crate) fn chunk_steps(self, start: usize, step_bytes: usize) -> (usize, usize) {
-        (self.step(start, 0, step_bytes), self.g * step_bytes)
+    pub(crate) fn tile_steps<const R: usize>(
+        at: &[RowAt; R],
+        q: *const u8,
+        start: usize,
+        step_bytes: usize,
+        offset: usize,
+    ) -> ([*const u8; R], usize) {
+        debug_assert!(at.iter().all(|x| x.g == at[0].g), "rows of one tile");
+        let ptrs =
+            std::array::from_fn(|r| q.wrapping_add(at[r].step(start, 0, step_bytes) + offset));
+        (ptrs, at[0].g * step_bytes)
     }
 
     /// The index of the first of the scales (or biases) of chunk `ch`'s blocks, which
@@ -843,17 +854,8 @@ mod x86 {
             let mut dot = [[_mm512_setzero_si512(); R]; C];
             // SAFETY (both arms): every load covers the chunk's lanes of 4 bytes of one of
             // its steps, inside row r of the weights and row c of the activations.
-            // Each row's steps, walked by pointer (no index arithmetic in the loop); the rows
-            // of one call belong to one tile, so they share the stride between steps.
-            let start = if F == Q8 {
-                chunk * BLOCK
-            } else {
-                chunk * BLOCK / 2
-            };
-            let stride = at[0].chunk_steps(start, step).1;
-            debug_assert!(at.iter().all(|x| x.chunk_steps(start, step).1 == stride));
-            let mut wp: [*const u8; R] =
-                std::array::from_fn(|r| unsafe { wq.add(at[r].chunk_steps(start, step).0) });
+            // Each row's steps, walked by pointer (no index arithmetic in the loop).
+            let (mut wp, stride) = RowAt::tile_steps(&at, wq, row_bytes(F, chunk * BLOCK), step, 0);
             if F == Q8 {
                 for t in 0..steps {
                     let mut wv = [_mm512_setzero_si512(); R];
@@ -1401,17 +1403,9 @@ mod x86 {
         let kp = w.nbp * BLOCK;
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
         let (step, steps) = (ch.step_bytes(), ch.steps());
-        let start = if F == Q8 {
-            ch.start * BLOCK
-        } else {
-            ch.start * BLOCK / 2
-        };
-        // Each row's steps, walked by pointer (no index arithmetic in the loop); the rows
-        // of one call belong to one tile, so they share the stride between steps.
-        let stride = at[0].chunk_steps(start, step).1;
-        debug_assert!(at.iter().all(|x| x.chunk_steps(start, step).1 == stride));
-        let mut wp: [*const u8; R] =
-            std::array::from_fn(|r| wq.wrapping_add(at[r].chunk_steps(start, step).0 + 32 * h));
+        // Each row's steps, walked by pointer (no index arithmetic in the loop).
+        let start = row_bytes(F, ch.start * BLOCK);
+        let (mut wp, stride) = RowAt::tile_steps(at, wq, start, step, 32 * h);
         let mut dot = [[_mm256_setzero_si256(); R]; N];
         // SAFETY: every load reads the `used` lanes of one step of the chunk, inside row r
         // of the weights or row c0 + c of the activations.
