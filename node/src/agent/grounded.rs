@@ -609,9 +609,60 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
             } else if np.iter().any(|w| quantity_words.contains(&w.as_str())) {
                 Slot::Quantity
             } else if [
-                "floor", "room", "gate", "shelf", "lab", "desk", "stand", "channel", "platform",
-                "venue", "place", "location", "ward", "building", "address", "pitch", "court",
-                "bay", "berth", "dock", "locker", "cabin", "seat", "table", "stop",
+                "floor",
+                "room",
+                "gate",
+                "shelf",
+                "lab",
+                "desk",
+                "stand",
+                "channel",
+                "platform",
+                "venue",
+                "place",
+                "location",
+                "ward",
+                "building",
+                "address",
+                "pitch",
+                "court",
+                "bay",
+                "berth",
+                "dock",
+                "locker",
+                "cabin",
+                "seat",
+                "table",
+                "stop",
+                // Kinds of venue (`which pub is it at`, `which hotel are we staying at`).
+                "pub",
+                "inn",
+                "bar",
+                "hotel",
+                "hostel",
+                "restaurant",
+                "cafe",
+                "café",
+                "hall",
+                "church",
+                "campsite",
+                "station",
+                "depot",
+                "studio",
+                "theatre",
+                "club",
+                "centre",
+                "center",
+                "garage",
+                "shop",
+                "store",
+                "warehouse",
+                "yard",
+                "site",
+                "harbour",
+                "port",
+                "airport",
+                "school",
             ]
             .contains(&head.as_str())
             {
@@ -1072,7 +1123,7 @@ pub fn revisions(text: &str) -> Vec<(String, String)> {
     );
     let was = re(
         &WAS,
-        r"(?i)\((?:was|previously|formerly|originally|until [^)]{0,20}?)\s+([^);,]{1,30})",
+        r"(?i)\([^()]*?\b(?:was|previously|formerly|originally|until [^)]{0,20}?)\s+([^();,]{1,30})",
     );
     let mut out = Vec::new();
     for c in from_to.captures_iter(text) {
@@ -1142,7 +1193,7 @@ fn is_pending(text: &str) -> bool {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)\b(?:tbc|tbd|tba|to be (?:confirmed|decided|agreed|announced|set|fixed)|not (?:yet )?(?:set|decided|confirmed|agreed|fixed|announced)|not been (?:set|decided|confirmed|agreed)|undecided)\b|\?\?\?",
+        r"(?i)\b(?:tbc|tbd|tba|to be (?:confirmed|decided|agreed|announced|set|fixed|published|finali[sz]ed|arranged|worked out)|(?:still )?being (?:finali[sz]ed|decided|worked out|discussed|negotiated)|not (?:yet )?(?:set|decided|confirmed|agreed|fixed|announced|published|finali[sz]ed)|(?:has|have)n[’']?t (?:yet )?(?:been )?(?:set|decided|confirmed|agreed|fixed|announced|published)|not been (?:set|decided|confirmed|agreed|published|finali[sz]ed)|undecided|awaiting (?:confirmation|a decision))\b|\?\?\?",
     )
     .is_match(text)
 }
@@ -1207,6 +1258,11 @@ fn superseded(text: &str) -> bool {
         "formerly",
         "used to",
         "no longer",
+        "superseded",
+        "out of date",
+        "outdated",
+        "do not use",
+        "don't use",
     ]
     .iter()
     .any(|m| lower.contains(m))
@@ -1326,6 +1382,122 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     Some(score)
 }
 
+/// How much a unit's score keeps when the sub-question names something its node's
+/// documents never mention ([`unused_names`]).
+const UNNAMED_WEIGHT: f32 = 0.85;
+
+/// `sub` with its required names that no unit of `units` holds (in its text, heading or
+/// document name) made context; `None` when it has none. A node whose documents never say the organisation's
+/// name (`Quillbrook`) still answers for it.
+fn unused_names(sub: &SubQuestion, units: &[Unit]) -> Option<(SubQuestion, Vec<String>)> {
+    let required: Vec<&Term> = sub.terms.iter().filter(|t| t.required).collect();
+    if required.is_empty() || units.is_empty() {
+        return None;
+    }
+    let mut seen: HashSet<String> = HashSet::new();
+    for u in units {
+        seen.extend(terms_of(&u.match_text()));
+        seen.extend(terms_of(&u.text));
+    }
+    let unused: Vec<String> = required
+        .iter()
+        .filter(|t| !seen.contains(&t.term))
+        .map(|t| t.term.clone())
+        .collect();
+    if unused.is_empty() {
+        return None;
+    }
+    let mut relaxed = sub.clone();
+    for t in &mut relaxed.terms {
+        if unused.contains(&t.term) {
+            t.required = false;
+            t.context = true;
+        }
+    }
+    Some((relaxed, unused))
+}
+
+/// Whether `unit` is a table row whose first cell is a name (capitalised) that shares no
+/// term with `sub`, and which holds none of the names `sub` still requires or links by
+/// (`214` of a follow-up about room 214 is found in the row of its attendant).
+fn keyed_by_other_name(sub: &SubQuestion, unit: &Unit) -> bool {
+    if unit.fields.len() < 2 {
+        return false;
+    }
+    let key = unit.fields[0].1.trim();
+    if !key.starts_with(|c: char| c.is_uppercase()) {
+        return false;
+    }
+    let text = terms_of(&unit.text);
+    let named = |k: &String| sub.terms.iter().any(|t| t.term == *k);
+    let linked = sub
+        .terms
+        .iter()
+        .any(|t| t.weight >= 2.0 && !t.context && text.contains(&t.term));
+    !terms_of(key).iter().any(named) && !linked
+}
+
+/// How much of its score a unit keeps when it names another variant of what is asked
+/// about ([`other_variant`]).
+const OTHER_VARIANT_WEIGHT: f32 = 0.5;
+
+/// The numbered variants a text names with a hyphenated compound (`ten-class pass`,
+/// `3-seater`, `12-week course`), as (number, index term of the noun).
+fn variants(text: &str) -> Vec<(u32, String)> {
+    static R: OnceLock<Regex> = OnceLock::new();
+    let r = re(
+        &R,
+        r"(?i)\b(\d{1,4}|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|fifty|hundred)-([a-z]{3,})\b",
+    );
+    const WORDS: [(&str, u32); 17] = [
+        ("one", 1),
+        ("two", 2),
+        ("three", 3),
+        ("four", 4),
+        ("five", 5),
+        ("six", 6),
+        ("seven", 7),
+        ("eight", 8),
+        ("nine", 9),
+        ("ten", 10),
+        ("eleven", 11),
+        ("twelve", 12),
+        ("fifteen", 15),
+        ("twenty", 20),
+        ("thirty", 30),
+        ("fifty", 50),
+        ("hundred", 100),
+    ];
+    r.captures_iter(text)
+        .filter_map(|c| {
+            let n = c[1].to_lowercase();
+            let n = n
+                .parse::<u32>()
+                .ok()
+                .or_else(|| WORDS.iter().find(|(w, _)| *w == n).map(|(_, v)| *v))?;
+            let noun = terms_of(&c[2]).into_iter().next()?;
+            Some((n, noun))
+        })
+        .collect()
+}
+
+/// Whether `unit` names a numbered variant of a thing `question` names with another number
+/// (`5-class pass` against `ten-class pass`), and not the one asked.
+fn other_variant(question: &str, unit: &str) -> bool {
+    let asked = variants(question);
+    if asked.is_empty() {
+        return false;
+    }
+    let stated = variants(unit);
+    asked.iter().any(|(n, noun)| {
+        stated.iter().any(|(m, x)| x == noun && m != n) && !stated.contains(&(*n, noun.clone()))
+    })
+}
+
+/// How much more a value that names the kind asked for (`Hotel De Zwaan` for `which
+/// hotel`) weighs than other evidence.
+const KIND_NAMED_BOOST: f32 = 1.2;
+
 /// How much more an update that states a value weighs than other evidence.
 const UPDATE_BOOST: f32 = 1.2;
 
@@ -1342,11 +1514,27 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
         .map(|(old, _)| terms_of(old))
         .filter(|t| !t.is_empty())
         .collect();
+    // A name these documents never use (`Quillbrook`, the orchard every node works for) is
+    // their setting, not another entity: required of no unit here, its evidence is weaker.
+    let relaxed = unused_names(sub, units);
+    let sub = &relaxed
+        .as_ref()
+        .map_or_else(|| sub.clone(), |(s, _)| s.clone());
+    let unnamed = if relaxed.is_some() {
+        UNNAMED_WEIGHT
+    } else {
+        1.0
+    };
     let mut out: Vec<Located> = units
         .iter()
         .enumerate()
         .filter_map(|(i, u)| {
-            let mut score = score_unit(sub, u)?;
+            // A table row keyed by another name (`Horse: Bramble` when Dulcie is asked
+            // about) is about that entity, whatever the rest of the node says.
+            if relaxed.is_some() && keyed_by_other_name(sub, u) {
+                return None;
+            }
+            let mut score = score_unit(sub, u)? * unnamed;
             if score <= 0.0 {
                 return None;
             }
@@ -1380,6 +1568,19 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
                     let lower = before.to_lowercase();
                     if lower.ends_with("until") || lower.ends_with("till") {
                         score *= 0.9;
+                    }
+                }
+            }
+            // `the 5-class pass` when the ten-class one is asked about: another variant.
+            if other_variant(&sub.text, &u.text) {
+                score *= OTHER_VARIANT_WEIGHT;
+            }
+            // `Hotel De Zwaan` for `which hotel`: the value says it is of the kind asked.
+            if matches!(sub.slot, Slot::Place | Slot::Thing) {
+                if let Some(v) = &span {
+                    let vt = terms_of(v);
+                    if sub.slot_terms.iter().any(|t| vt.contains(t)) {
+                        score *= KIND_NAMED_BOOST;
                     }
                 }
             }
@@ -1448,7 +1649,7 @@ fn quantity_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)[£$€]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn)\b)?(?:\s?(?:per|/|a|an)\s(?:night|day|week|month|year|hour|person|head|jar|kg|item))?|(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|nautical miles?|miles?|nm|kilometres?|kilometers?|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
+        r"(?i)[£$€]\s?\d[\d,]*(?:\.\d+)?(?:\s?(?:k|m|bn)\b)?(?:\s?(?:per|/|a|an)\s(?:night|day|week|month|year|hour|person|head|jar|kg|item))?|(?:[£$€]\s?)?\b\d[\d,]*(?:\.\d+)?\s?(?:%|°\s?[CF]\b|per cent\b|percent\b|(?:kg|g|mg|tonnes?|t|lb|lbs|kilograms?|grams?|litres?|liters?|l|ml|mL|cl|nautical miles?|miles?|nm|kilometres?|kilometers?|metres?|meters?|m|cm|mm|km|kw|kW|w|mw|kwh|v|volts?|[kmg]?hz|a|amps?|M|mm|mol|min|mins|minutes?|hours?|hrs?|h|seconds?|secs?|s|days?|weeks?|months?|years?|knots?|mph|km/h|pence|p|degrees?(?: celsius)?|people|passengers|units|pieces|boxes|pallets|seats|beds|places)\b(?:\s?(?:per|/)\s?[a-z]+)?)",
     )
 }
 
@@ -1614,6 +1815,10 @@ fn dimension(span: &str) -> Option<&'static str> {
     if span.contains('°') {
         return Some("temperature");
     }
+    static HZ: OnceLock<Regex> = OnceLock::new();
+    if re(&HZ, r"(?i)\d\s?[kmg]?hz\b").is_match(span) {
+        return Some("frequency");
+    }
     let q = parse_quantity(span)?;
     match q.unit.as_str() {
         "%" => Some("percent"),
@@ -1648,6 +1853,7 @@ fn asked_dimension(sub: &SubQuestion) -> Option<&'static str> {
         ),
         ("mass", &["weight", "weigh", "heavy", "heaviest", "mass"]),
         ("temperature", &["temperature", "warm", "hot", "cold"]),
+        ("frequency", &["frequency"]),
         (
             "length",
             &[
@@ -2045,6 +2251,8 @@ fn kind_names(slot: Slot) -> &'static [&'static str] {
         Slot::Quantity => &["amount", "price", "fee", "cost", "value", "total"],
         Slot::Date => &["date", "day", "due"],
         Slot::Time => &["time", "start"],
+        // `which pub`: a row's `Venue` or `Location` names it.
+        Slot::Place => &["venu", "location", "address", "place"],
         _ => &[],
     }
 }
@@ -3449,7 +3657,16 @@ pub struct Planner {
     pending: Vec<(usize, usize)>,
     /// The agent cards (node id, description) known for the probed nodes.
     cards: Vec<(String, String)>,
+    /// The node that asks (its own documents are probed too).
+    host: Option<String>,
 }
+
+/// How much of its score the asking node's own evidence keeps against its peers'. The
+/// node asks the swarm because its documents do not settle the question: what they hold
+/// is often the open query, the draft or the stale copy that prompted it, so a peer's
+/// evidence that matches nearly as well is taken first. With no peer evidence, the node
+/// answers from its own documents as before.
+const HOST_WEIGHT: f32 = 0.8;
 
 /// A bridge start with its follow-up question, and the hits of that follow-up.
 type ChainHits = ((NodeHit, SubQuestion), Vec<NodeHit>);
@@ -3471,6 +3688,7 @@ impl Planner {
             stage: Stage::Asked,
             pending: Vec::new(),
             cards: Vec::new(),
+            host: None,
         }
     }
 
@@ -3478,6 +3696,12 @@ impl Planner {
     /// [`card_prior`] breaks ties between nodes.
     pub fn with_cards(mut self, cards: Vec<(String, String)>) -> Self {
         self.cards = cards;
+        self
+    }
+
+    /// The asking node, whose own hits weigh [`HOST_WEIGHT`] of a peer's.
+    pub fn with_host(mut self, host: &str) -> Self {
+        self.host = Some(host.to_owned());
         self
     }
 
@@ -3582,6 +3806,17 @@ impl Planner {
                 _ => &self.subs[i],
             };
             self.set_priors(sub, h);
+            // Only against a peer that found something: alone, the host's evidence keeps
+            // its score (and its place above [`MIN_SCORE`]).
+            let is_host = |x: &NodeHit| self.host.as_deref() == Some(x.node_id.as_str());
+            let peer_found = h
+                .iter()
+                .any(|x| !is_host(x) && x.located.span.is_some() && x.located.score >= MIN_SCORE);
+            if peer_found {
+                for x in h.iter_mut().filter(|x| is_host(x)) {
+                    x.located.score *= HOST_WEIGHT;
+                }
+            }
         }
         let pending = std::mem::take(&mut self.pending);
         match self.stage {
@@ -3779,6 +4014,160 @@ mod tests {
         assert_eq!(extract(sub, &ask[0]), None);
         let rule = document_units("r.md", "A PhD student may have 50 books out at once.");
         assert_eq!(extract(sub, &rule[0]).as_deref(), Some("50 books"));
+    }
+
+    #[test]
+    fn a_name_a_node_never_uses_is_its_setting_not_another_entity() {
+        let sub = &decompose("When does the Brackenwood choir rehearse on Fridays?")[0];
+        assert!(sub
+            .terms
+            .iter()
+            .any(|t| t.term == "brackenwood" && t.required));
+        // This node never says `Brackenwood`: its rehearsal note still answers, weaker
+        // than the same note that names it.
+        let plain = document_units(
+            "rehearsals.md",
+            "Choir rehearsals on Fridays start at 19:30.",
+        );
+        let got = locate(sub, &plain, 3);
+        assert_eq!(got[0].span.as_deref(), Some("19:30"));
+        let named = document_units(
+            "rehearsals.md",
+            "Brackenwood choir rehearsals on Fridays start at 19:30.",
+        );
+        assert!(locate(sub, &named, 3)[0].score > got[0].score);
+        // A node that uses the name elsewhere keeps it required.
+        let other = document_units(
+            "r.md",
+            "The Brackenwood choir sings at Easter. Choir rehearsals on Fridays start at 19:30.",
+        );
+        assert!(locate(sub, &other, 3)
+            .iter()
+            .all(|l| l.unit.text.contains("Brackenwood")));
+        // A row keyed by another name is about that entity, named or not.
+        let q = &decompose("What is the top speed of Juniper?")[0];
+        let rows = document_units(
+            "boats.md",
+            "| Boat | Top speed |\n|---|---|\n| Heron | 7 knots |\n| Osprey | 9 knots |\n",
+        );
+        assert!(locate(q, &rows, 3).is_empty(), "{:?}", locate(q, &rows, 3));
+    }
+
+    #[test]
+    fn another_numbered_variant_is_a_near_miss() {
+        assert_eq!(
+            variants("a ten-class pass"),
+            vec![(10, "class".to_string())]
+        );
+        assert!(other_variant("the ten-class pass", "5-class pass: £60"));
+        assert!(!other_variant("the ten-class pass", "10-class pass: £110"));
+        assert!(!other_variant(
+            "the ten-class pass",
+            "5-class and 10-class passes"
+        ));
+        assert!(!other_variant("the pass", "5-class pass: £60"));
+        let sub = &decompose("How much is the ten-week pottery course?")[0];
+        let units = document_units(
+            "prices.md",
+            "- 6-week pottery course: £60\n- 10-week pottery course: £90\n",
+        );
+        assert_eq!(locate(sub, &units, 1)[0].span.as_deref(), Some("£90"));
+    }
+
+    #[test]
+    fn a_value_named_by_the_kind_asked_wins_and_a_venue_is_a_place() {
+        let sub =
+            &decompose("For the Saturday gala in Bruges: which hotel is the band staying at?")[0];
+        assert_eq!(sub.slot, Slot::Place);
+        let mut units = document_units(
+            "gala.md",
+            "# Bruges tour\n\n| Day | Venue | Event |\n|---|---|---|\n| Saturday | Corn Exchange | band gala |\n",
+        );
+        units.extend(document_units(
+            "rooms.md",
+            "Rooms in Bruges: Harbour Hotel, three nights.",
+        ));
+        assert_eq!(
+            locate(sub, &units, 1)[0].span.as_deref(),
+            Some("Harbour Hotel")
+        );
+        // `which pub` reads a row's `Venue`.
+        let pub_q = &decompose("Which pub is the week 3 quiz at?")[0];
+        let rows = document_units(
+            "fixtures.md",
+            "| Week | Venue |\n|---|---|\n| 3 | The Green Man |\n| 4 | The Plough |\n",
+        );
+        assert_eq!(
+            locate(pub_q, &rows, 1)[0].span.as_deref(),
+            Some("The Green Man")
+        );
+    }
+
+    #[test]
+    fn an_old_value_in_an_aside_is_not_the_answer() {
+        let sub = &decompose("What time does the ferry leave?")[0];
+        let units = document_units(
+            "ferry.md",
+            "departure: 08:10 (amended 2 May, was 08:40, because of the tide)",
+        );
+        assert_eq!(locate(sub, &units, 1)[0].span.as_deref(), Some("08:10"));
+        assert!(is_pending("Prices are still being finalised"));
+        assert!(is_pending(
+            "The route will be published in March; it is to be published"
+        ));
+        assert!(is_pending("The date hasn't been set yet"));
+        assert!(!is_pending("The date was set last week"));
+    }
+
+    #[test]
+    fn the_hosts_own_copy_yields_to_a_peer_that_matches_nearly_as_well() {
+        let q = "What time does the library open on Saturday mornings?";
+        let own = document_units(
+            "notes.md",
+            "Library opens Saturday mornings at 09:00, I think (old leaflet).",
+        );
+        let peer = document_units("hours.md", "Saturday: the library opens at 10:00.");
+        let probe = |planner: &mut Planner, with_peer: bool| {
+            let PlanStep::Probe(asked) = planner.next_step() else {
+                panic!("a probe first")
+            };
+            let mut h = hits(&own, "me", &asked[0]);
+            if with_peer {
+                h.extend(hits(&peer, "peer", &asked[0]));
+            }
+            planner.handle(vec![h]);
+            loop {
+                match planner.next_step() {
+                    PlanStep::Probe(a) => planner.handle(vec![Vec::new(); a.len()]),
+                    PlanStep::Done(r) => return r,
+                }
+            }
+        };
+        let mut planner = Planner::new(q).with_host("me");
+        let routed = probe(&mut planner, true);
+        assert_eq!(
+            routed[0].1,
+            Route::Direct {
+                node_id: "peer".into()
+            }
+        );
+        // Without the host known, the better-matching own note wins.
+        let routed = probe(&mut Planner::new(q), true);
+        assert_eq!(
+            routed[0].1,
+            Route::Direct {
+                node_id: "me".into()
+            }
+        );
+        // Alone, the host answers from its own note.
+        let mut planner = Planner::new(q).with_host("me");
+        let routed = probe(&mut planner, false);
+        assert_eq!(
+            routed[0].1,
+            Route::Direct {
+                node_id: "me".into()
+            }
+        );
     }
 
     #[test]

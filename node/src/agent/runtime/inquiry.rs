@@ -25,7 +25,7 @@ impl Agent {
             job.parent.clone(),
             job.depth,
         );
-        let planner = Planner::new(task);
+        let planner = Planner::new(task).with_host(&self.0.me);
         // Whom to probe. Probing costs no model call (each node matches text against its
         // own documents), so a swarm of at most MAX_PROBED known nodes is probed whole: a
         // card rarely names what its documents hold (a membership secretary's card does
