@@ -1123,7 +1123,7 @@ pub fn revisions(text: &str) -> Vec<(String, String)> {
     );
     let was = re(
         &WAS,
-        r"(?i)\([^()]*?\b(?:was|previously|formerly|originally|until [^)]{0,20}?)\s+([^();,]{1,30})",
+        r"(?i)\((?:[^()]*?(?:[,;]|\s[—–-])\s*)?(?:was|previously|formerly|originally|until [^)]{0,20}?)\s+([^();,]{1,30})",
     );
     let mut out = Vec::new();
     for c in from_to.captures_iter(text) {
@@ -1261,8 +1261,6 @@ fn superseded(text: &str) -> bool {
         "superseded",
         "out of date",
         "outdated",
-        "do not use",
-        "don't use",
     ]
     .iter()
     .any(|m| lower.contains(m))
@@ -1399,9 +1397,14 @@ fn unused_names(sub: &SubQuestion, units: &[Unit]) -> Option<(SubQuestion, Vec<S
         seen.extend(terms_of(&u.match_text()));
         seen.extend(terms_of(&u.text));
     }
+    // The same forms of a word that `score_unit` accepts (`potter` in `Pottery`).
+    let used = |t: &str| {
+        seen.contains(t)
+            || (t.len() >= 4 && seen.iter().any(|x| term_matches(x, t) || compound_of(t, x)))
+    };
     let unused: Vec<String> = required
         .iter()
-        .filter(|t| !seen.contains(&t.term))
+        .filter(|t| !used(&t.term))
         .map(|t| t.term.clone())
         .collect();
     if unused.is_empty() {
@@ -1418,8 +1421,8 @@ fn unused_names(sub: &SubQuestion, units: &[Unit]) -> Option<(SubQuestion, Vec<S
 }
 
 /// Whether `unit` is a table row whose first cell is a name (capitalised) that shares no
-/// term with `sub`, and which holds none of the names `sub` still requires or links by
-/// (`214` of a follow-up about room 214 is found in the row of its attendant).
+/// term (in any of its forms) with `sub`, and which holds none of the names `sub` still
+/// requires.
 fn keyed_by_other_name(sub: &SubQuestion, unit: &Unit) -> bool {
     if unit.fields.len() < 2 {
         return false;
@@ -1429,12 +1432,16 @@ fn keyed_by_other_name(sub: &SubQuestion, unit: &Unit) -> bool {
         return false;
     }
     let text = terms_of(&unit.text);
-    let named = |k: &String| sub.terms.iter().any(|t| t.term == *k);
-    let linked = sub
+    let named = |k: &String| {
+        sub.terms
+            .iter()
+            .any(|t| t.term == *k || term_matches(&t.term, k) || compound_of(&t.term, k))
+    };
+    let names_asked = sub
         .terms
         .iter()
-        .any(|t| t.weight >= 2.0 && !t.context && text.contains(&t.term));
-    !terms_of(key).iter().any(named) && !linked
+        .any(|t| t.required && text.contains(&t.term));
+    !terms_of(key).iter().any(named) && !names_asked
 }
 
 /// How much of its score a unit keeps when it names another variant of what is asked
@@ -1489,9 +1496,10 @@ fn other_variant(question: &str, unit: &str) -> bool {
         return false;
     }
     let stated = variants(unit);
-    asked.iter().any(|(n, noun)| {
-        stated.iter().any(|(m, x)| x == noun && m != n) && !stated.contains(&(*n, noun.clone()))
-    })
+    !stated.iter().any(|s| asked.contains(s))
+        && asked
+            .iter()
+            .any(|(n, noun)| stated.iter().any(|(m, x)| x == noun && m != n))
 }
 
 /// How much more a value that names the kind asked for (`Hotel De Zwaan` for `which
@@ -1853,7 +1861,6 @@ fn asked_dimension(sub: &SubQuestion) -> Option<&'static str> {
         ),
         ("mass", &["weight", "weigh", "heavy", "heaviest", "mass"]),
         ("temperature", &["temperature", "warm", "hot", "cold"]),
-        ("frequency", &["frequency"]),
         (
             "length",
             &[
@@ -1877,17 +1884,26 @@ fn asked_dimension(sub: &SubQuestion) -> Option<&'static str> {
             t.to_owned()
         }
     };
-    let mut kinds = KINDS
-        .iter()
-        .filter(|(_, ws)| {
-            sub.slot_terms
-                .iter()
-                .any(|t| ws.contains(&named(t).as_str()))
-        })
-        .map(|(d, _)| *d);
+    // The words as written, else as index terms (`price` is `pric`).
+    let kinds = |stemmed: bool| -> Vec<&'static str> {
+        KINDS
+            .iter()
+            .filter(|(_, ws)| {
+                sub.slot_terms.iter().any(|t| {
+                    let t = named(t);
+                    ws.iter().any(|w| {
+                        *w == t || (stemmed && terms_of(w).first().is_some_and(|x| *x == t))
+                    })
+                })
+            })
+            .map(|(d, _)| *d)
+            .collect()
+    };
+    let exact = kinds(false);
+    let found = if exact.is_empty() { kinds(true) } else { exact };
     // One kind, or none said for sure.
-    match (kinds.next(), kinds.next()) {
-        (Some(d), None) => Some(d),
+    match found.as_slice() {
+        [d] => Some(*d),
         _ => None,
     }
 }
@@ -2271,7 +2287,11 @@ fn named_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     } else {
         sub.slot_terms.clone()
     };
-    let kind: Vec<String> = kind_names(sub.slot).iter().map(|t| t.to_string()).collect();
+    // As index terms (`time` is `tim`), as the field names' terms are.
+    let kind: Vec<String> = kind_names(sub.slot)
+        .iter()
+        .filter_map(|t| terms_of(t).into_iter().next())
+        .collect();
     let v = [own, kind]
         .iter()
         .find_map(|names| best_named_field(sub, unit, names))?;
@@ -3813,7 +3833,8 @@ impl Planner {
                 .iter()
                 .any(|x| !is_host(x) && x.located.span.is_some() && x.located.score >= MIN_SCORE);
             if peer_found {
-                for x in h.iter_mut().filter(|x| is_host(x)) {
+                // (Not its `TBC`: that nobody can answer yet stands.)
+                for x in h.iter_mut().filter(|x| is_host(x) && !x.located.pending) {
                     x.located.score *= HOST_WEIGHT;
                 }
             }
@@ -4051,6 +4072,31 @@ mod tests {
             "| Boat | Top speed |\n|---|---|\n| Heron | 7 knots |\n| Osprey | 9 knots |\n",
         );
         assert!(locate(q, &rows, 3).is_empty(), "{:?}", locate(q, &rows, 3));
+        // A capitalised common noun (`Rehearsals`) is no other name.
+        let sessions = document_units(
+            "sessions.md",
+            "| Session | Day | Time |\n|---|---|---|\n| Rehearsals | Friday | 19:30 |\n",
+        );
+        assert_eq!(locate(sub, &sessions, 1)[0].span.as_deref(), Some("19:30"));
+    }
+
+    #[test]
+    fn slot_words_are_compared_as_index_terms() {
+        let units = document_units("bake.md", "Bake for 25 minutes at 180°C.");
+        let sub = &decompose("What temperature should the oven be?")[0];
+        assert_eq!(asked_dimension(sub), Some("temperature"));
+        assert_eq!(extract(sub, &units[0]).as_deref(), Some("180°C"));
+        // A column named by the slot's kind (`Date`) is read first.
+        let when = &decompose("When is the fair?")[0];
+        let row = document_units(
+            "events.md",
+            "| Event | Booked on | Date |\n|---|---|---|\n| Fair | 3 March | 12 May |\n",
+        );
+        assert_eq!(extract(when, &row[0]).as_deref(), Some("12 May"));
+        let price = &decompose("What is the price of the pottery course?")[0];
+        assert_eq!(asked_dimension(price), Some("money"));
+        let course = document_units("c.md", "Pottery course: 90 minutes, £45.");
+        assert_eq!(extract(price, &course[0]).as_deref(), Some("£45"));
     }
 
     #[test]
@@ -4066,6 +4112,11 @@ mod tests {
             "5-class and 10-class passes"
         ));
         assert!(!other_variant("the pass", "5-class pass: £60"));
+        // Both asked (`I have a 5-class pass: how much is the ten-class one?`): neither is
+        // another variant.
+        let both = "I have a 5-class pass: what does the ten-class pass cost?";
+        assert!(!other_variant(both, "10-class pass: £110"));
+        assert!(!other_variant(both, "5-class pass: £60"));
         let sub = &decompose("How much is the ten-week pottery course?")[0];
         let units = document_units(
             "prices.md",
@@ -4111,6 +4162,12 @@ mod tests {
             "departure: 08:10 (amended 2 May, was 08:40, because of the tide)",
         );
         assert_eq!(locate(sub, &units, 1)[0].span.as_deref(), Some("08:10"));
+        // Only a `was` that starts the aside, or a clause of it, gives an old value.
+        assert!(revisions("Venue: Corn Exchange (this was confirmed on 3 May).").is_empty());
+        assert_eq!(
+            revisions("Start: 19:00 (moved in March – was 19:30)"),
+            vec![("19:30".to_string(), String::new())]
+        );
         assert!(is_pending("Prices are still being finalised"));
         assert!(is_pending(
             "The route will be published in March; it is to be published"
