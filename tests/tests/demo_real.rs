@@ -130,17 +130,25 @@ async fn run_demo(models: &SharedModels, guard: bool, collaboration: Collaborati
         .into_iter()
         .map(|t| t.body)
         .collect();
-    // Members got the messages too (fan-out), give delivery a moment.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Members got the messages too (fan-out, which may still be in flight on a loaded
+    // machine): each member's count is read until it has them all or a deadline passes,
+    // and the check below reports what it had by then.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut member_messages = Vec::new();
     for n in &nodes[1..] {
-        let got = n
-            .agent
-            .store()
-            .messages::<Message>(&result.group_id)
-            .await
-            .expect("member messages")
-            .len();
+        let got = loop {
+            let got = n
+                .agent
+                .store()
+                .messages::<Message>(&result.group_id)
+                .await
+                .expect("member messages")
+                .len();
+            if got >= messages.len() || tokio::time::Instant::now() >= deadline {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         member_messages.push(got);
     }
     for n in &nodes {
