@@ -1306,11 +1306,7 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     for t in &sub.terms {
         let got = if text.contains(&t.term) || kind_word(&t.term) {
             t.weight
-        } else if t.term.len() >= 4
-            && text
-                .iter()
-                .any(|x| term_matches(x, &t.term) || compound_of(&t.term, x))
-        {
+        } else if t.term.len() >= 4 && text.iter().any(|x| same_word(&t.term, x)) {
             // Another form of the word (`drives` / `driver`, `insured` / `insurance`),
             // which the light stemmer keeps apart.
             0.7 * t.weight
@@ -1387,7 +1383,7 @@ const UNNAMED_WEIGHT: f32 = 0.85;
 /// `sub` with its required names that no unit of `units` holds (in its text, heading or
 /// document name) made context; `None` when it has none. A node whose documents never say the organisation's
 /// name (`Quillbrook`) still answers for it.
-fn unused_names(sub: &SubQuestion, units: &[Unit]) -> Option<(SubQuestion, Vec<String>)> {
+fn unused_names(sub: &SubQuestion, units: &[Unit]) -> Option<SubQuestion> {
     let required: Vec<&Term> = sub.terms.iter().filter(|t| t.required).collect();
     if required.is_empty() || units.is_empty() {
         return None;
@@ -1398,10 +1394,7 @@ fn unused_names(sub: &SubQuestion, units: &[Unit]) -> Option<(SubQuestion, Vec<S
         seen.extend(terms_of(&u.text));
     }
     // The same forms of a word that `score_unit` accepts (`potter` in `Pottery`).
-    let used = |t: &str| {
-        seen.contains(t)
-            || (t.len() >= 4 && seen.iter().any(|x| term_matches(x, t) || compound_of(t, x)))
-    };
+    let used = |t: &str| seen.contains(t) || (t.len() >= 4 && seen.iter().any(|x| same_word(t, x)));
     let unused: Vec<String> = required
         .iter()
         .filter(|t| !used(&t.term))
@@ -1417,7 +1410,7 @@ fn unused_names(sub: &SubQuestion, units: &[Unit]) -> Option<(SubQuestion, Vec<S
             t.context = true;
         }
     }
-    Some((relaxed, unused))
+    Some(relaxed)
 }
 
 /// Whether `unit` is a table row whose first cell is a name (capitalised) that shares no
@@ -1432,11 +1425,7 @@ fn keyed_by_other_name(sub: &SubQuestion, unit: &Unit) -> bool {
         return false;
     }
     let text = terms_of(&unit.text);
-    let named = |k: &String| {
-        sub.terms
-            .iter()
-            .any(|t| t.term == *k || term_matches(&t.term, k) || compound_of(&t.term, k))
-    };
+    let named = |k: &String| sub.terms.iter().any(|t| same_word(&t.term, k));
     let names_asked = sub
         .terms
         .iter()
@@ -1525,9 +1514,7 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
     // A name these documents never use (`Quillbrook`, the orchard every node works for) is
     // their setting, not another entity: required of no unit here, its evidence is weaker.
     let relaxed = unused_names(sub, units);
-    let sub = &relaxed
-        .as_ref()
-        .map_or_else(|| sub.clone(), |(s, _)| s.clone());
+    let sub = relaxed.as_ref().unwrap_or(sub);
     let unnamed = if relaxed.is_some() {
         UNNAMED_WEIGHT
     } else {
@@ -1952,6 +1939,12 @@ fn compound_of(word: &str, part: &str) -> bool {
 /// derivational ending (`driv` / `driver`, `insur` / `insuranc`, `weigh` / `weight`). Other
 /// shared beginnings are other words (`temperat` of `Temperate House` is not
 /// `temperatur`).
+/// Whether `x` is `term` in another form (`drives` / `driver`) or a compound holding it:
+/// how [`score_unit`] matches a term the light stemmer keeps apart.
+fn same_word(term: &str, x: &str) -> bool {
+    term_matches(x, term) || compound_of(term, x)
+}
+
 fn term_matches(a: &str, b: &str) -> bool {
     const ENDINGS: &[&str] = &[
         "e", "er", "or", "ar", "ing", "ed", "anc", "enc", "ment", "ion", "ation", "ition", "al",
@@ -4200,31 +4193,15 @@ mod tests {
                 }
             }
         };
-        let mut planner = Planner::new(q).with_host("me");
-        let routed = probe(&mut planner, true);
-        assert_eq!(
-            routed[0].1,
-            Route::Direct {
-                node_id: "peer".into()
-            }
-        );
+        let direct = |n: &str| Route::Direct { node_id: n.into() };
+        let routed = probe(&mut Planner::new(q).with_host("me"), true);
+        assert_eq!(routed[0].1, direct("peer"));
         // Without the host known, the better-matching own note wins.
         let routed = probe(&mut Planner::new(q), true);
-        assert_eq!(
-            routed[0].1,
-            Route::Direct {
-                node_id: "me".into()
-            }
-        );
+        assert_eq!(routed[0].1, direct("me"));
         // Alone, the host answers from its own note.
-        let mut planner = Planner::new(q).with_host("me");
-        let routed = probe(&mut planner, false);
-        assert_eq!(
-            routed[0].1,
-            Route::Direct {
-                node_id: "me".into()
-            }
-        );
+        let routed = probe(&mut Planner::new(q).with_host("me"), false);
+        assert_eq!(routed[0].1, direct("me"));
     }
 
     #[test]
