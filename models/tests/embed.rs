@@ -217,6 +217,43 @@ fn empty_input_gives_no_vectors() {
     assert!(model.embed(&[]).expect("embed").is_empty());
 }
 
+#[test]
+fn token_vectors_come_with_the_same_pooled_vector() {
+    let Some(model) = minilm() else { return };
+    let texts = [
+        "Key safe by the side door.",
+        "who should I ring if the boiler packs up?",
+    ];
+    let pooled = model.embed(&texts).expect("embed");
+    let with = model.embed_tokens(&texts).expect("embed_tokens");
+    assert!(model.embed_tokens(&[]).expect("empty").is_empty());
+    let dim = model.dim();
+    for ((text, v), t) in texts.iter().zip(&pooled).zip(&with) {
+        assert!(max_abs_diff(v, &t.vector) < 1e-6, "{text}");
+        // One row per word piece, without [CLS] and [SEP]; each of unit length, and their
+        // mean points where the pooled vector does (it also averages [CLS] and [SEP]).
+        let rows = t.tokens.len() / dim;
+        assert_eq!(t.tokens.len() % dim, 0);
+        assert!((6..=16).contains(&rows), "{text}: {rows} tokens");
+        let mut mean = vec![0f32; dim];
+        for row in t.tokens.chunks_exact(dim) {
+            assert!((norm(row) - 1.0).abs() < 1e-4);
+            mean.iter_mut().zip(row).for_each(|(m, x)| *m += x);
+        }
+        assert!(cosine(&mean, v) > 0.8, "{text}: {}", cosine(&mean, v));
+    }
+    // The same token in another text is another vector (contextual), but a close one.
+    let a = model.embed_tokens(&["boiler"]).expect("a");
+    let b = model.embed_tokens(&["the boiler is broken"]).expect("b");
+    let (a, b) = (&a[0].tokens, &b[0].tokens);
+    assert_eq!(a.len(), dim);
+    let close = b
+        .chunks_exact(dim)
+        .map(|r| dot(a, r))
+        .fold(f32::MIN, f32::max);
+    assert!(close > 0.5 && close < 0.9999, "{close}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handle_serves_concurrent_callers() {
     let Some(dir) = model_dir() else { return };
@@ -238,6 +275,13 @@ async fn handle_serves_concurrent_callers() {
         assert!(cosine(vector, &entry.vector) >= 0.999, "{:?}", entry.text);
     }
     assert!(handle.embed(Vec::new()).await.expect("empty").is_empty());
+    assert!(handle.supports_tokens());
+    let t = handle
+        .embed_tokens(vec![texts[0].clone()])
+        .await
+        .expect("tokens");
+    assert!(cosine(&t[0].vector, &got[0]) >= 0.9999);
+    assert!(!t[0].tokens.is_empty());
 }
 
 /// Copies the named files of the real model into a fresh directory.

@@ -330,6 +330,9 @@ pub struct MemorySection {
     pub admit: bool,
     /// Lowest admission score (0 to 10) for a pair to be kept and shared.
     pub threshold: f32,
+    /// How many of the hybrid search's first hits the late-interaction stage re-orders
+    /// (query and memory compared token by token); 0 turns the stage off.
+    pub rerank_depth: usize,
 }
 
 impl Default for MemorySection {
@@ -342,6 +345,7 @@ impl Default for MemorySection {
             // The default model's scores carry no signal (benches/memory/README.md): the
             // checks decide, and the score only drops pairs the model rates 0 or 1.
             threshold: 2.0,
+            rerank_depth: crate::memory::BookConfig::default().rerank_depth,
         }
     }
 }
@@ -720,6 +724,9 @@ impl NodeConfig {
         if !(0.0..=10.0).contains(&self.memory.threshold) {
             return invalid("memory.threshold", "must be between 0 and 10");
         }
+        if self.memory.rerank_depth > 200 {
+            return invalid("memory.rerank_depth", "must be at most 200");
+        }
         if self.agent.max_depth > 5 {
             return invalid("agent.max_depth", "must be at most 5");
         }
@@ -1038,6 +1045,7 @@ mod tests {
                 "api.cors_origins",
             ),
             ("[memory]\nthreshold = 11", "memory.threshold"),
+            ("[memory]\nrerank_depth = 500", "memory.rerank_depth"),
             ("[memory]\nmin_similarity = 2", "memory.min_similarity"),
             ("[memory]\nexamples = 100", "memory.examples"),
         ];

@@ -320,7 +320,10 @@ impl Node {
             node_store.clone(),
             app.embedder(),
             Some(swarm.clone()),
-            crate::memory::BookConfig::default(),
+            crate::memory::BookConfig {
+                rerank_depth: config.memory.rerank_depth,
+                ..crate::memory::BookConfig::default()
+            },
         )
         .await
         .map_err(|e| anyhow::anyhow!("cannot open the memory book: {e}"))?;

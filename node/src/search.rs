@@ -47,6 +47,9 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
+mod late;
+pub use late::{TokenBits, MAX_TOKENS};
+
 /// Words dropped by [`tokenize`]: frequent English function words that carry no topic.
 const STOPWORDS: &[&str] = &[
     "a",
@@ -592,6 +595,9 @@ pub struct HybridIndex {
     slot_rows: Vec<Vec<u32>>,
     /// Free rows, reused before the storage grows.
     free_rows: Vec<u32>,
+    /// Token bits of entries that have them ([`HybridIndex::set_tokens`]), for the
+    /// late-interaction stage ([`HybridIndex::rerank_late`]).
+    late: HashMap<u64, Vec<TokenBits>>,
 }
 
 /// Owner of a row that no entry uses.
@@ -635,6 +641,7 @@ impl HybridIndex {
             row_slot: Vec::new(),
             slot_rows: Vec::new(),
             free_rows: Vec::new(),
+            late: HashMap::new(),
         }
     }
 
@@ -675,6 +682,7 @@ impl HybridIndex {
             }
         }
         let slot = self.bm25.insert_slot(key, text) as usize;
+        self.late.remove(&key);
         if self.slot_rows.len() <= slot {
             self.slot_rows.resize_with(slot + 1, Vec::new);
         }
@@ -711,6 +719,7 @@ impl HybridIndex {
 
     /// Removes `key`; returns whether it was indexed.
     pub fn remove(&mut self, key: u64) -> bool {
+        self.late.remove(&key);
         match self.bm25.remove_slot(key) {
             Some(slot) => {
                 if (slot as usize) < self.slot_rows.len() {
@@ -814,6 +823,80 @@ impl HybridIndex {
                 }
             })
             .collect()
+    }
+}
+
+impl HybridIndex {
+    /// Gives the indexed entry `key` its texts' token bits (several: the entry matches by
+    /// its best, as with passages), replacing any it had; empty bags are dropped. Returns
+    /// false, changing nothing, when `key` is not indexed. Inserting the entry again
+    /// clears them.
+    pub fn set_tokens(&mut self, key: u64, bags: Vec<TokenBits>) -> bool {
+        if !self.contains(key) {
+            return false;
+        }
+        let bags: Vec<TokenBits> = bags.into_iter().filter(|b| !b.is_empty()).collect();
+        if bags.is_empty() {
+            self.late.remove(&key);
+        } else {
+            self.late.insert(key, bags);
+        }
+        true
+    }
+
+    /// Takes the token bits of `key` out of the index (none when it has none).
+    pub fn take_tokens(&mut self, key: u64) -> Vec<TokenBits> {
+        self.late.remove(&key).unwrap_or_default()
+    }
+
+    /// The late-interaction stage: re-orders the first `depth` of `hits` (a result of
+    /// [`HybridIndex::search`], best first) by the MaxSim of `query` with each entry's best
+    /// bag of token bits, times `prior` (as the search applies it). Only hits the first
+    /// stage found relevant at all (score above 0) are in reach, and one without token bits
+    /// (indexed before it had them) keeps its place while the others are re-ordered among
+    /// the places they hold. The scores stay where they were, so the list stays sorted by
+    /// [`Hit::score`] and a hit takes the score of the place it moves to; `bm25` and
+    /// `cosine` move with their entry. Returns whether anything could be re-ordered (the
+    /// query has tokens and two hits in reach have bits).
+    pub fn rerank_late(
+        &self,
+        hits: &mut [Hit],
+        query: &TokenBits,
+        depth: usize,
+        prior: Option<&dyn Fn(u64) -> f32>,
+    ) -> bool {
+        if query.is_empty() {
+            return false;
+        }
+        // (late score, place) of every hit in reach that has token bits.
+        let mut scored: Vec<(f32, usize)> = hits
+            .iter()
+            .take(depth)
+            .take_while(|h| h.score > 0.0)
+            .enumerate()
+            .filter_map(|(i, h)| {
+                let bags = self.late.get(&h.key)?;
+                let late = bags
+                    .iter()
+                    .map(|b| query.maxsim(b))
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let p = prior.map_or(1.0, |f| f(h.key).max(0.0));
+                // MaxSim is in [-1, 1]: shifted to [0, 2] so a prior of 0 still ranks last.
+                Some(((late + 1.0) * p, i))
+            })
+            .collect();
+        if scored.len() < 2 {
+            return false;
+        }
+        let places: Vec<usize> = scored.iter().map(|&(_, i)| i).collect();
+        // Stable: ties keep the first stage's order.
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let moved: Vec<Hit> = scored.iter().map(|&(_, i)| hits[i]).collect();
+        for (&place, mut h) in places.iter().zip(moved) {
+            h.score = hits[place].score;
+            hits[place] = h;
+        }
+        true
     }
 }
 
@@ -1281,5 +1364,99 @@ mod tests {
         let hits = idx.search("kept", &[1.0, 0.0], 1, &HybridOptions::default());
         assert_eq!(hits[0].key, 7);
         assert!(hits[0].bm25 > 0.0 && (hits[0].cosine - 1.0).abs() < 0.01);
+    }
+
+    /// An index of four entries whose first-stage order for the query "apple" is 1, 2, 3,
+    /// 4 (by cosine), each with one bag of token bits.
+    fn late_index() -> HybridIndex {
+        let mut idx = HybridIndex::new(2);
+        for (key, cos) in [(1u64, 1.0f32), (2, 0.9), (3, 0.8), (4, 0.7)] {
+            let e = vec![cos, (1.0 - cos * cos).max(0.0).sqrt()];
+            idx.insert(key, "apple", e).unwrap();
+        }
+        idx
+    }
+
+    fn tok(rows: &[[f32; 4]]) -> TokenBits {
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        TokenBits::from_rows(&flat, 4)
+    }
+
+    #[test]
+    fn late_interaction_reorders_the_head_and_scores_keep_their_places() {
+        let mut idx = late_index();
+        let q = tok(&[[1.0, 1.0, 1.0, 1.0]]);
+        // Entry 3 matches the query's token exactly, 2 in three signs of four, 1 and 4 in none.
+        idx.set_tokens(1, vec![tok(&[[-1.0, -1.0, -1.0, -1.0]])]);
+        idx.set_tokens(2, vec![tok(&[[1.0, 1.0, 1.0, -1.0]])]);
+        // Several bags: the best counts.
+        idx.set_tokens(
+            3,
+            vec![
+                tok(&[[-1.0, -1.0, -1.0, -1.0]]),
+                tok(&[[1.0, 1.0, 1.0, 1.0]]),
+            ],
+        );
+        idx.set_tokens(4, vec![tok(&[[-1.0, -1.0, -1.0, -1.0]])]);
+        let mut hits = idx.search("apple", &[1.0, 0.0], 4, &HybridOptions::default());
+        let before: Vec<u64> = hits.iter().map(|h| h.key).collect();
+        assert_eq!(before, vec![1, 2, 3, 4]);
+        let scores: Vec<f32> = hits.iter().map(|h| h.score).collect();
+        let cos3 = hits[2].cosine;
+        // Depth 3: entry 4 stays where it is.
+        assert!(idx.rerank_late(&mut hits, &q, 3, None));
+        let after: Vec<u64> = hits.iter().map(|h| h.key).collect();
+        assert_eq!(after, vec![3, 2, 1, 4]);
+        assert_eq!(hits.iter().map(|h| h.score).collect::<Vec<_>>(), scores);
+        assert_eq!(hits[0].cosine, cos3);
+    }
+
+    #[test]
+    fn late_interaction_applies_the_prior_and_skips_a_head_with_a_gap() {
+        let mut idx = late_index();
+        let q = tok(&[[1.0, 1.0, 1.0, 1.0]]);
+        for key in 1..=4 {
+            let row = if key == 2 {
+                [1.0, 1.0, 1.0, 1.0]
+            } else {
+                [1.0, -1.0, -1.0, -1.0]
+            };
+            assert!(idx.set_tokens(key, vec![tok(&[row])]));
+        }
+        let hits = idx.search("apple", &[1.0, 0.0], 4, &HybridOptions::default());
+        let mut a = hits.clone();
+        assert!(idx.rerank_late(&mut a, &q, 4, None));
+        assert_eq!(a[0].key, 2);
+        // A prior of 0 for entry 2 puts it last, whatever its tokens.
+        let demote = |key: u64| if key == 2 { 0.0 } else { 1.0 };
+        let mut b = hits.clone();
+        assert!(idx.rerank_late(&mut b, &q, 4, Some(&demote)));
+        assert_eq!(
+            b.iter().map(|h| h.key).collect::<Vec<_>>(),
+            vec![1, 3, 4, 2]
+        );
+        // An entry without token bits (2, inserted again) keeps its place; the others are
+        // re-ordered among theirs (4 now matches best).
+        idx.insert(2, "apple", vec![0.9, (1.0f32 - 0.81).sqrt()])
+            .unwrap();
+        idx.set_tokens(4, vec![tok(&[[1.0, 1.0, 1.0, -1.0]])]);
+        let mut c = hits.clone();
+        assert!(idx.rerank_late(&mut c, &q, 4, None));
+        assert_eq!(
+            c.iter().map(|h| h.key).collect::<Vec<_>>(),
+            vec![4, 2, 1, 3]
+        );
+        // Fewer than two entries with bits in reach: nothing moves.
+        let mut d = hits.clone();
+        assert!(!idx.rerank_late(&mut d, &q, 2, None));
+        assert_eq!(d, hits);
+        // A hit the first stage scored 0 is out of reach.
+        let mut e = hits.clone();
+        e[0].score = 0.0;
+        assert!(!idx.rerank_late(&mut e, &q, 4, None));
+        // No query tokens, unknown keys.
+        assert!(!idx.rerank_late(&mut c, &TokenBits::default(), 4, None));
+        assert!(!idx.set_tokens(99, vec![q.clone()]));
+        assert!(idx.remove(2) && !idx.set_tokens(2, vec![q]));
     }
 }

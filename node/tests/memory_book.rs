@@ -525,5 +525,80 @@ async fn memories_stored_without_embeddings_are_embedded_once_and_written_back()
             stored.body
         );
     }
+    assert!(
+        stored.body["tokens"].is_string(),
+        "token bits not written back: {}",
+        stored.body
+    );
     assert_eq!(stored.body["model"], serde_json::json!(e.model_id()));
+}
+
+#[tokio::test]
+async fn rows_without_token_bits_get_them_once_and_keep_them_across_reopen() {
+    let e = embedder();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    let prompts = [
+        ("m1", "How do I halve a sponge cake recipe?"),
+        ("m2", "How do I scale a cookie recipe up for a party?"),
+        ("m3", "What oven temperature for sourdough?"),
+    ];
+    {
+        let b = book(Store::open(&path).unwrap(), &e).await;
+        for (id, prompt) in prompts {
+            b.insert(
+                mem(
+                    id,
+                    "alice",
+                    "cooking",
+                    prompt,
+                    "Divide or multiply every ingredient.",
+                    8.0,
+                ),
+                None,
+            )
+            .await
+            .unwrap();
+        }
+        // As a version before the re-ranking stage wrote them: vectors, no token bits.
+        for (id, _) in prompts {
+            let mut row: starling_node::store::MemoryRecord<serde_json::Value> =
+                b.store().memory(id).await.unwrap().unwrap();
+            assert!(row.body["tokens"].is_string(), "{}", row.body);
+            row.body.as_object_mut().unwrap().remove("tokens");
+            b.store().set_memory_body(id, &row.body).await.unwrap();
+        }
+    }
+    let b = book(Store::open(&path).unwrap(), &e).await;
+    let mut written = Vec::new();
+    for (id, _) in prompts {
+        let row: starling_node::store::MemoryRecord<serde_json::Value> =
+            b.store().memory(id).await.unwrap().unwrap();
+        written.push(row.body["tokens"].as_str().unwrap().to_owned());
+    }
+    let hits = ids(&b
+        .top_k("cooking", "cutting a cake recipe in half", 3)
+        .await
+        .unwrap());
+    assert_eq!(hits[0], "m1");
+    // Stored bits are read, not made again: swapped between two rows, they stay swapped
+    // through the next open.
+    for (id, bits) in [("m1", &written[2]), ("m3", &written[0])] {
+        let mut row: starling_node::store::MemoryRecord<serde_json::Value> =
+            b.store().memory(id).await.unwrap().unwrap();
+        row.body["tokens"] = serde_json::json!(bits);
+        b.store().set_memory_body(id, &row.body).await.unwrap();
+    }
+    drop(b);
+    let b = book(Store::open(&path).unwrap(), &e).await;
+    assert_eq!(b.len(), 3);
+    for (id, bits) in [
+        ("m1", &written[2]),
+        ("m2", &written[1]),
+        ("m3", &written[0]),
+    ] {
+        let row: starling_node::store::MemoryRecord<serde_json::Value> =
+            b.store().memory(id).await.unwrap().unwrap();
+        assert_eq!(row.body["tokens"].as_str(), Some(bits.as_str()), "{id}");
+    }
 }

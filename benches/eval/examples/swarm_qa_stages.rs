@@ -35,6 +35,7 @@ use starling_models::constraint::Constraint;
 use starling_models::embed::{BertEmbedder, Embedder};
 use starling_models::engine::{Chunk, Engine, EngineConfig, GenerateRequest, Prompt};
 use starling_node::agent::grounded::{self, SubQuestion, Unit};
+use starling_node::search::TokenBits;
 
 /// An answer part: its aliases, matched case-insensitively.
 struct Part<'a>(&'a [String]);
@@ -216,6 +217,7 @@ fn main() -> anyhow::Result<()> {
     let mut upr: Option<usize> = None;
     let mut upr_text = false;
     let mut judge_k: Option<usize> = None;
+    let mut maxsim_k: Option<usize> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -225,6 +227,13 @@ fn main() -> anyhow::Result<()> {
                 judge_k = Some(
                     args.next()
                         .ok_or_else(|| anyhow::anyhow!("--judge needs a value"))?
+                        .parse()?,
+                )
+            }
+            "--maxsim" => {
+                maxsim_k = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--maxsim needs a value"))?
                         .parse()?,
                 )
             }
@@ -262,6 +271,7 @@ fn main() -> anyhow::Result<()> {
         let (mut asked, mut lexical_first, mut model_right, mut picks) = (0, 0, 0, [0usize; 4]);
         let (mut upr_alone, mut upr_fused) = (Ranks::default(), Ranks::default());
         let (mut judge_alone, mut judge_fused) = (Ranks::default(), Ranks::default());
+        let (mut late_alone, mut late_fused) = (Ranks::default(), Ranks::default());
         for s in &scenarios {
             if s.tier == "calc" || s.tier == "unanswerable" {
                 continue;
@@ -276,6 +286,26 @@ fn main() -> anyhow::Result<()> {
             let subs = grounded::decompose(&s.question);
             let sub_texts: Vec<&str> = subs.iter().map(|s| s.text.as_str()).collect();
             let sub_vectors = embedder.embed(&sub_texts)?;
+            // Token bits of every unit and sub-question, for --maxsim.
+            let bits = |texts: &[&str]| -> anyhow::Result<Vec<TokenBits>> {
+                Ok(embedder
+                    .embed_tokens(texts)?
+                    .iter()
+                    .map(|t| TokenBits::from_rows(&t.tokens, embedder.dim()))
+                    .collect())
+            };
+            let (unit_bits, sub_bits) = if maxsim_k.is_some() {
+                let u: std::collections::HashMap<String, TokenBits> =
+                    texts.iter().cloned().zip(bits(&refs)?).collect();
+                let q: std::collections::HashMap<String, TokenBits> = sub_texts
+                    .iter()
+                    .map(|t| t.to_string())
+                    .zip(bits(&sub_texts)?)
+                    .collect();
+                (u, q)
+            } else {
+                Default::default()
+            };
             for aliases in &s.answer_parts {
                 let part = Part(aliases);
                 if !units.iter().any(|u| part.quoted_in(&u.text)) {
@@ -316,6 +346,14 @@ fn main() -> anyhow::Result<()> {
                     upr_alone.add(a);
                     upr_fused.add(f);
                 }
+                if let Some(k) = maxsim_k {
+                    let (a, f) = rerank_ranks(&subs, &units, &part, k, |u, sub| {
+                        let key = format!("{} {}", u.heading, u.text);
+                        Ok(sub_bits[&sub.text].maxsim(&unit_bits[&key]))
+                    })?;
+                    late_alone.add(a);
+                    late_fused.add(f);
+                }
                 if let (Some(engine), Some(k)) = (&engine, judge_k) {
                     let (a, f) = rerank_ranks(&subs, &units, &part, k, |u, sub| {
                         judge(engine, u, &sub.text)
@@ -349,6 +387,10 @@ fn main() -> anyhow::Result<()> {
         if let Some(k) = upr {
             println!("  lexical top {k} by query likelihood  {upr_alone}");
             println!("  lexical top {k} fused with it (RRF)  {upr_fused}");
+        }
+        if let Some(k) = maxsim_k {
+            println!("  lexical top {k} by MaxSim  {late_alone}");
+            println!("  lexical top {k} fused with MaxSim (RRF)  {late_fused}");
         }
         if let Some(k) = judge_k {
             println!("  lexical top {k} judged one by one (yes - no)  {judge_alone}");

@@ -200,7 +200,8 @@ pub struct MemoryEvalReport {
     pub indexed: usize,
     /// Embedding model used ("" for none).
     pub embed_model: String,
-    /// The node's retrieval (hybrid BM25 + embedding, with its prior) on all queries.
+    /// The node's retrieval (hybrid BM25 + embedding, with its prior, re-ranked by late
+    /// interaction) on all queries.
     pub hybrid: Metrics,
     /// BM25 alone on all queries.
     pub bm25: Metrics,
@@ -274,28 +275,38 @@ pub async fn evaluate(
         .count();
 
     let mut embeddings = Vec::with_capacity(queries.len());
+    let mut tokens = Vec::with_capacity(queries.len());
     for chunk in queries.chunks(64) {
-        embeddings.extend(
-            book.embed(chunk.iter().map(|q| q.query.clone()).collect())
-                .await?,
-        );
+        for (v, t) in book
+            .embed_with_tokens(chunk.iter().map(|q| q.query.clone()).collect())
+            .await?
+        {
+            embeddings.push(v);
+            tokens.push(t);
+        }
     }
-    // (semantic, lexical) weights and whether the prior counts; `None` = the book's own.
-    let rank = |i: usize, weights: Option<(f32, f32)>, with_prior: bool| -> Vec<String> {
-        let q = &queries[i];
-        book.ranked(
-            &q.domain,
-            &q.query,
-            &embeddings[i],
-            DEPTH,
-            with_prior,
-            weights,
-        )
-        .into_iter()
-        .map(|h| h.memory.id)
-        .collect()
+    // (semantic, lexical) weights, whether the prior counts and whether the re-ranking
+    // stage runs; `None` = the book's own weights.
+    let rank_with =
+        |i: usize, weights: Option<(f32, f32)>, with_prior: bool, late: bool| -> Vec<String> {
+            let q = &queries[i];
+            book.ranked(
+                &q.domain,
+                &q.query,
+                &embeddings[i],
+                tokens[i].as_ref().filter(|_| late),
+                DEPTH,
+                with_prior,
+                weights,
+            )
+            .into_iter()
+            .map(|h| h.memory.id)
+            .collect()
+        };
+    let rank = |i: usize, weights: Option<(f32, f32)>, with_prior: bool| {
+        rank_with(i, weights, with_prior, false)
     };
-    let hybrid_rank = |i: usize| rank(i, None, true);
+    let hybrid_rank = |i: usize| rank_with(i, None, true, true);
     let bm25_rank = |i: usize| rank(i, Some((0.0, 1.0)), false);
     let dense_rank = |i: usize| rank(i, Some((1.0, 0.0)), false);
     let rrf_rank = |i: usize| {
@@ -323,7 +334,8 @@ pub async fn evaluate(
         stage("dense (prompt, whole)", score(&dense_rank)),
         stage("RRF of the two", score(&rrf_rank)),
         stage("fused", score(&|i| rank(i, None, false))),
-        stage("node (fused x prior)", score(&hybrid_rank)),
+        stage("fused x prior", score(&|i| rank(i, None, true))),
+        stage("node (x prior, late interaction)", score(&hybrid_rank)),
     ];
     let mut times = Vec::with_capacity(n);
     for q in queries {
@@ -392,12 +404,12 @@ pub async fn evaluate(
 pub fn render(r: &MemoryEvalReport) -> String {
     let row = |name: &str, m: &Metrics| {
         format!(
-            "{name:<28} {:>6} {:>9.3} {:>9.3} {:>7.3}\n",
+            "{name:<36} {:>6} {:>9.3} {:>9.3} {:>7.3}\n",
             m.queries, m.recall_at_1, m.recall_at_3, m.mrr
         )
     };
     let mut s = format!(
-        "memories: {} ({} indexed, {} near-duplicates dropped), embedding model: {}\n\n{:<28} {:>6} {:>9} {:>9} {:>7}\n",
+        "memories: {} ({} indexed, {} near-duplicates dropped), embedding model: {}\n\n{:<36} {:>6} {:>9} {:>9} {:>7}\n",
         r.memories,
         r.indexed,
         r.memories - r.indexed,

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use tokenizers::{Encoding, Tokenizer, TruncationParams};
 
 use super::mpnet::{MpnetConfig, MpnetModel};
-use super::{EmbedError, Embedder};
+use super::{EmbedError, Embedder, TokenEmbedding};
 use crate::arch::cpu::bert::{Activation, BertShape, CpuBert, Variant};
 use crate::arch::cpu::{Isa, BACKEND_ENV};
 
@@ -297,11 +297,66 @@ impl BertEmbedder {
         backend_of(&self.encoder)
     }
 
-    /// Runs one forward pass over `encodings` and returns their pooled,
-    /// normalised vectors in the same order.
-    fn embed_batch(&self, encodings: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    /// Tokenises `texts`, runs them in length-sorted batches and returns `pool` of each
+    /// one's hidden rows, in the callers' order.
+    fn encode<T: Default + Clone>(
+        &self,
+        texts: &[&str],
+        pool: &dyn Fn(&[f32]) -> T,
+    ) -> Result<Vec<T>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let started = Instant::now();
+        let encodings = self
+            .tokenizer
+            .encode_batch_fast(texts.to_vec(), true)
+            .map_err(|e| EmbedError::Tokenize(e.to_string()))?;
+
+        // Longest first, so texts of similar length share a batch and padding
+        // is small; results go back to the caller's order.
+        let mut order: Vec<usize> = (0..encodings.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].get_ids().len()));
+        let lens: Vec<usize> = order
+            .iter()
+            .map(|&i| encodings[i].get_ids().len())
+            .collect();
+        let mut vectors: Vec<T> = vec![T::default(); texts.len()];
+        // The kernels run a batch without padding, so only the candle path splits on it.
+        let ranges = match self.encoder {
+            Encoder::Candle(_) | Encoder::CandleMpnet(_) => split_batches(&lens, self.batch_size),
+            Encoder::Kernels(_) => (0..lens.len())
+                .step_by(self.batch_size)
+                .map(|start| start..(start + self.batch_size).min(lens.len()))
+                .collect(),
+        };
+        for range in ranges {
+            let chunk = &order[range];
+            let batch: Vec<&Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
+            for (&i, vector) in chunk.iter().zip(self.embed_batch(&batch, pool)?) {
+                vectors[i] = vector;
+            }
+        }
+        tracing::debug!(
+            model_id = %self.model_id,
+            texts = texts.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "embedded texts"
+        );
+        Ok(vectors)
+    }
+
+    /// Runs one forward pass over `encodings` and returns `pool` of each one's hidden
+    /// rows (`dim` values a token, special tokens included), in the same order.
+    fn embed_batch<T>(
+        &self,
+        encodings: &[&Encoding],
+        pool: &dyn Fn(&[f32]) -> T,
+    ) -> Result<Vec<T>, EmbedError> {
         match &self.encoder {
-            Encoder::Candle(_) | Encoder::CandleMpnet(_) => self.embed_batch_candle(encodings),
+            Encoder::Candle(_) | Encoder::CandleMpnet(_) => {
+                self.embed_batch_candle(encodings, pool)
+            }
             Encoder::Kernels(cpu) => {
                 let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
                 let hidden = cpu
@@ -313,7 +368,7 @@ impl BertEmbedder {
                     .map(|ids| {
                         let rows = &hidden[at * self.dim..(at + ids.len()) * self.dim];
                         at += ids.len();
-                        mean_pool_normalised(rows, self.dim)
+                        pool(rows)
                     })
                     .collect())
             }
@@ -321,7 +376,11 @@ impl BertEmbedder {
     }
 
     /// candle's forward pass, over `encodings` padded to the longest of them.
-    fn embed_batch_candle(&self, encodings: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    fn embed_batch_candle<T>(
+        &self,
+        encodings: &[&Encoding],
+        pool: &dyn Fn(&[f32]) -> T,
+    ) -> Result<Vec<T>, EmbedError> {
         let batch = encodings.len();
         let seq_len = encodings
             .iter()
@@ -366,7 +425,7 @@ impl BertEmbedder {
             .enumerate()
             .map(|(row, &len)| {
                 let rows = &hidden[row * seq_len * self.dim..][..len * self.dim];
-                mean_pool_normalised(rows, self.dim)
+                pool(rows)
             })
             .collect())
     }
@@ -374,46 +433,14 @@ impl BertEmbedder {
 
 impl Embedder for BertEmbedder {
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        if texts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let started = Instant::now();
-        let encodings = self
-            .tokenizer
-            .encode_batch_fast(texts.to_vec(), true)
-            .map_err(|e| EmbedError::Tokenize(e.to_string()))?;
+        self.encode(texts, &|rows| mean_pool_normalised(rows, self.dim))
+    }
 
-        // Longest first, so texts of similar length share a batch and padding
-        // is small; results go back to the caller's order.
-        let mut order: Vec<usize> = (0..encodings.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(encodings[i].get_ids().len()));
-        let lens: Vec<usize> = order
-            .iter()
-            .map(|&i| encodings[i].get_ids().len())
-            .collect();
-        let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
-        // The kernels run a batch without padding, so only the candle path splits on it.
-        let ranges = match self.encoder {
-            Encoder::Candle(_) | Encoder::CandleMpnet(_) => split_batches(&lens, self.batch_size),
-            Encoder::Kernels(_) => (0..lens.len())
-                .step_by(self.batch_size)
-                .map(|start| start..(start + self.batch_size).min(lens.len()))
-                .collect(),
-        };
-        for range in ranges {
-            let chunk = &order[range];
-            let batch: Vec<&Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
-            for (&i, vector) in chunk.iter().zip(self.embed_batch(&batch)?) {
-                vectors[i] = vector;
-            }
-        }
-        tracing::debug!(
-            model_id = %self.model_id,
-            texts = texts.len(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "embedded texts"
-        );
-        Ok(vectors)
+    fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenEmbedding>, EmbedError> {
+        self.encode(texts, &|rows| TokenEmbedding {
+            vector: mean_pool_normalised(rows, self.dim),
+            tokens: token_rows_normalised(rows, self.dim),
+        })
     }
 
     fn dim(&self) -> usize {
@@ -522,6 +549,23 @@ fn split_batches(lens: &[usize], batch_size: usize) -> Vec<std::ops::Range<usize
         batches.push(start..lens.len());
     }
     batches
+}
+
+/// The `dim`-wide rows of `rows` without the first and last (the tokenizer's `[CLS]` and
+/// `[SEP]`, or `<s>` and `</s>`), each scaled to unit length.
+fn token_rows_normalised(rows: &[f32], dim: usize) -> Vec<f32> {
+    let n = rows.len() / dim;
+    let inner = if n > 2 {
+        &rows[dim..(n - 1) * dim]
+    } else {
+        rows
+    };
+    let mut out = inner.to_vec();
+    for row in out.chunks_exact_mut(dim) {
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        row.iter_mut().for_each(|x| *x /= norm);
+    }
+    out
 }
 
 /// Mean of the `dim`-wide rows in `rows`, scaled to unit length.

@@ -5,12 +5,14 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::oneshot;
 
-use super::{EmbedError, Embedder};
+use super::{EmbedError, Embedder, TokenEmbedding};
 
-type Reply = oneshot::Sender<Result<Vec<Vec<f32>>, EmbedError>>;
+type Reply = oneshot::Sender<Result<Vec<TokenEmbedding>, EmbedError>>;
 
 struct Job {
     texts: Vec<String>,
+    /// Whether the token vectors are wanted too ([`Embedder::embed_tokens`]).
+    tokens: bool,
     reply: Reply,
 }
 
@@ -19,6 +21,8 @@ struct Info {
     model_id: String,
     dim: usize,
     max_len: usize,
+    /// Whether the embedder gives token vectors ([`Embedder::embed_tokens`]).
+    tokens: bool,
 }
 
 /// Cheap-to-clone async handle to an [`Embedder`] that runs on a dedicated
@@ -40,6 +44,7 @@ impl EmbedHandle {
             model_id: embedder.model_id().to_owned(),
             dim: embedder.dim(),
             max_len: embedder.max_len(),
+            tokens: embedder.embed_tokens(&[]).is_ok(),
         });
         let (jobs, queue) = mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -51,12 +56,33 @@ impl EmbedHandle {
 
     /// Embeds `texts` on the embedding thread; see [`Embedder::embed`].
     pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let out = self.run(texts, false).await?;
+        Ok(out.into_iter().map(|e| e.vector).collect())
+    }
+
+    /// Embeds `texts` with their token vectors; see [`Embedder::embed_tokens`].
+    pub async fn embed_tokens(
+        &self,
+        texts: Vec<String>,
+    ) -> Result<Vec<TokenEmbedding>, EmbedError> {
+        self.run(texts, true).await
+    }
+
+    async fn run(
+        &self,
+        texts: Vec<String>,
+        tokens: bool,
+    ) -> Result<Vec<TokenEmbedding>, EmbedError> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job { texts, reply })
+            .send(Job {
+                texts,
+                tokens,
+                reply,
+            })
             .map_err(|_| EmbedError::WorkerStopped)?;
         answer.await.map_err(|_| EmbedError::WorkerStopped)?
     }
@@ -71,6 +97,12 @@ impl EmbedHandle {
         self.info.max_len
     }
 
+    /// Whether [`EmbedHandle::embed_tokens`] gives token vectors (otherwise it fails with
+    /// [`EmbedError::Unsupported`]).
+    pub fn supports_tokens(&self) -> bool {
+        self.info.tokens
+    }
+
     /// Identifier of the model.
     pub fn model_id(&self) -> &str {
         &self.info.model_id
@@ -79,22 +111,40 @@ impl EmbedHandle {
 
 fn serve<E: Embedder>(embedder: &E, queue: &mpsc::Receiver<Job>) {
     tracing::debug!(model_id = embedder.model_id(), "embedding thread started");
-    while let Ok(Job { texts, reply }) = queue.recv() {
+    while let Ok(Job {
+        texts,
+        tokens,
+        reply,
+    }) = queue.recv()
+    {
         if reply.is_closed() {
             // The caller gave up (its future was dropped): skip the work.
             continue;
         }
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let result =
-            catch_unwind(AssertUnwindSafe(|| embedder.embed(&refs))).unwrap_or_else(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_owned());
-                tracing::error!(%message, "embedder panicked");
-                Err(EmbedError::Panicked(message))
-            });
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if tokens {
+                embedder.embed_tokens(&refs)
+            } else {
+                embedder.embed(&refs).map(|vs| {
+                    vs.into_iter()
+                        .map(|vector| TokenEmbedding {
+                            vector,
+                            tokens: Vec::new(),
+                        })
+                        .collect()
+                })
+            }
+        }))
+        .unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            tracing::error!(%message, "embedder panicked");
+            Err(EmbedError::Panicked(message))
+        });
         // The caller may have stopped waiting; nothing to do then.
         let _ = reply.send(result);
     }

@@ -41,6 +41,30 @@ pub trait Embedder: Send {
     /// Identifier of the model, e.g. `all-MiniLM-L6-v2`. Vectors from
     /// different models are not comparable.
     fn model_id(&self) -> &str;
+
+    /// [`embed`](Self::embed) plus every text's token vectors from the same forward pass
+    /// (see [`TokenEmbedding`]), for late-interaction scoring. Embedders that cannot give
+    /// them answer [`EmbedError::Unsupported`] (the default), for empty `texts` too: an
+    /// embedder that can answers an empty list with an empty list ([`EmbedHandle`] asks
+    /// that way once to learn which it is).
+    fn embed_tokens(&self, texts: &[&str]) -> Result<Vec<TokenEmbedding>, EmbedError> {
+        let _ = texts;
+        Err(EmbedError::Unsupported(format!(
+            "{} gives no token vectors",
+            self.model_id()
+        )))
+    }
+}
+
+/// A text's pooled vector and its token vectors.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenEmbedding {
+    /// What [`Embedder::embed`] returns for the text.
+    pub vector: Vec<f32>,
+    /// One unit vector per token of the text, `dim` values each, in token order: the
+    /// encoder's last hidden states before pooling, without the tokens the tokenizer adds
+    /// around the text (`[CLS]`, `[SEP]`). Empty when not asked for.
+    pub tokens: Vec<f32>,
 }
 
 /// Why embedding, or loading an embedding model, failed.
