@@ -14,11 +14,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use starling_eval::memory::{load_jsonl, EvalMemory, EvalQuery, Metrics};
+use starling_eval::memory::{book_of, load_jsonl, EvalMemory, EvalQuery, Metrics};
 use starling_models::embed::{BertEmbedder, EmbedHandle, Embedder};
-use starling_node::memory::record::MAX_SCORE;
-use starling_node::memory::{BookConfig, Memory, MemoryBook};
-use starling_node::store::Store;
 
 const DEPTH: usize = 20;
 
@@ -155,34 +152,7 @@ async fn main() -> anyhow::Result<()> {
     let tokens = BertEmbedder::load(&dir)?;
     let dim = tokens.dim();
     let handle = EmbedHandle::spawn(BertEmbedder::load(&dir)?)?;
-    let book = MemoryBook::open(
-        Store::open_in_memory()?,
-        Some(handle),
-        None,
-        BookConfig::default(),
-    )
-    .await?;
-    let items = memories
-        .iter()
-        .map(|m| {
-            (
-                Memory {
-                    id: m.id.clone(),
-                    author: "eval".into(),
-                    domain: m.domain.clone(),
-                    prompt: m.prompt.clone(),
-                    answer: m.answer.clone(),
-                    source: None,
-                    score: MAX_SCORE * 0.8,
-                    created_at: 0,
-                    helpful: 0,
-                    unhelpful: 0,
-                },
-                None,
-            )
-        })
-        .collect();
-    book.insert_many(items).await?;
+    let (book, _) = book_of(&memories, Some(handle)).await?;
     let prompts: Vec<&str> = memories.iter().map(|m| m.prompt.as_str()).collect();
     let wholes: Vec<String> = memories
         .iter()

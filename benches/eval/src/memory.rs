@@ -213,34 +213,12 @@ pub struct MemoryEvalReport {
     pub feedback: Option<FeedbackReport>,
 }
 
-/// Evaluates the memory book's retrieval on `memories` and `queries` (see the module docs).
-pub async fn evaluate(
+/// A memory book in memory holding `memories` (one author, equal scores, as every stage of
+/// the evaluation sees them), and how many were indexed (near-duplicates are not).
+pub async fn book_of(
     memories: &[EvalMemory],
-    queries: &[EvalQuery],
     embedder: Option<EmbedHandle>,
-    with_feedback: bool,
-) -> Result<MemoryEvalReport, EvalError> {
-    if queries.is_empty() {
-        return Err(EvalError::Data("no queries".into()));
-    }
-    let ids: HashSet<&str> = memories.iter().map(|m| m.id.as_str()).collect();
-    if ids.len() != memories.len() {
-        return Err(EvalError::Data("memory ids are not unique".into()));
-    }
-    for q in queries {
-        if let Some(bad) = q.relevant.iter().find(|r| !ids.contains(r.as_str())) {
-            return Err(EvalError::Data(format!(
-                "query {:?} names unknown memory {bad:?}",
-                q.query
-            )));
-        }
-    }
-    for m in memories {
-        validate_domain(&m.domain).map_err(|e| EvalError::Data(format!("memory {}: {e}", m.id)))?;
-    }
-    let embed_model = embedder
-        .as_ref()
-        .map_or_else(String::new, |e| e.model_id().to_owned());
+) -> Result<(MemoryBook, usize), EvalError> {
     let book = MemoryBook::open(
         Store::open_in_memory()?,
         embedder,
@@ -273,6 +251,38 @@ pub async fn evaluate(
         .iter()
         .filter(|o| matches!(o, Inserted::Added(_)))
         .count();
+    Ok((book, indexed))
+}
+
+/// Evaluates the memory book's retrieval on `memories` and `queries` (see the module docs).
+pub async fn evaluate(
+    memories: &[EvalMemory],
+    queries: &[EvalQuery],
+    embedder: Option<EmbedHandle>,
+    with_feedback: bool,
+) -> Result<MemoryEvalReport, EvalError> {
+    if queries.is_empty() {
+        return Err(EvalError::Data("no queries".into()));
+    }
+    let ids: HashSet<&str> = memories.iter().map(|m| m.id.as_str()).collect();
+    if ids.len() != memories.len() {
+        return Err(EvalError::Data("memory ids are not unique".into()));
+    }
+    for q in queries {
+        if let Some(bad) = q.relevant.iter().find(|r| !ids.contains(r.as_str())) {
+            return Err(EvalError::Data(format!(
+                "query {:?} names unknown memory {bad:?}",
+                q.query
+            )));
+        }
+    }
+    for m in memories {
+        validate_domain(&m.domain).map_err(|e| EvalError::Data(format!("memory {}: {e}", m.id)))?;
+    }
+    let embed_model = embedder
+        .as_ref()
+        .map_or_else(String::new, |e| e.model_id().to_owned());
+    let (book, indexed) = book_of(memories, embedder).await?;
 
     let mut embeddings = Vec::with_capacity(queries.len());
     let mut tokens = Vec::with_capacity(queries.len());

@@ -214,6 +214,21 @@ struct Vectors {
     tokens: Vec<TokenBits>,
 }
 
+/// The embedder's results for `n` texts, checked to be one per text.
+fn one_per_text<T>(
+    out: Result<Vec<T>, starling_models::embed::EmbedError>,
+    n: usize,
+) -> Result<Vec<T>, BookError> {
+    let out = out.map_err(|e| BookError::Embed(e.to_string()))?;
+    if out.len() != n {
+        return Err(BookError::Embed(format!(
+            "{} vectors for {n} texts",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
 /// Token bags as stored: each one's length (`u32`, little-endian) and
 /// [`TokenBits::to_bytes`], base64-encoded.
 fn pack_tokens(bags: &[TokenBits]) -> String {
@@ -595,16 +610,7 @@ impl MemoryBook {
                 .collect());
         };
         let n = texts.len();
-        let out = e
-            .embed_tokens(texts)
-            .await
-            .map_err(|e| BookError::Embed(e.to_string()))?;
-        if out.len() != n {
-            return Err(BookError::Embed(format!(
-                "{} vectors for {n} texts",
-                out.len()
-            )));
-        }
+        let out = one_per_text(e.embed_tokens(texts).await, n)?;
         let dim = e.dim();
         Ok(out
             .into_iter()
@@ -620,16 +626,7 @@ impl MemoryBook {
         match &self.0.embedder {
             Some(e) => {
                 let n = texts.len();
-                let vs = e
-                    .embed(texts)
-                    .await
-                    .map_err(|e| BookError::Embed(e.to_string()))?;
-                if vs.len() != n {
-                    return Err(BookError::Embed(format!(
-                        "{} vectors for {n} texts",
-                        vs.len()
-                    )));
-                }
+                let vs = one_per_text(e.embed(texts).await, n)?;
                 Ok(vs
                     .into_iter()
                     .map(|v| unit(v).unwrap_or_default())
