@@ -345,7 +345,9 @@ impl Default for MemorySection {
             // The default model's scores carry no signal (benches/memory/README.md): the
             // checks decide, and the score only drops pairs the model rates 0 or 1.
             threshold: 2.0,
-            rerank_depth: crate::memory::BookConfig::default().rerank_depth,
+            // The memory book's own default (`BookConfig`; config depends on no other
+            // module, so a test in node/tests/memory_book.rs keeps the two equal).
+            rerank_depth: 20,
         }
     }
 }

@@ -602,3 +602,13 @@ async fn rows_without_token_bits_get_them_once_and_keep_them_across_reopen() {
         assert_eq!(row.body["tokens"].as_str(), Some(bits.as_str()), "{id}");
     }
 }
+
+#[test]
+fn the_config_file_default_is_the_books_default() {
+    assert_eq!(
+        starling_node::config::NodeConfig::default()
+            .memory
+            .rerank_depth,
+        BookConfig::default().rerank_depth
+    );
+}
