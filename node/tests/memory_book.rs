@@ -612,3 +612,40 @@ fn the_config_file_default_is_the_books_default() {
         BookConfig::default().rerank_depth
     );
 }
+
+#[tokio::test]
+async fn with_the_stage_off_no_token_bits_are_made_and_turning_it_on_makes_them() {
+    let e = embedder();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.db");
+    let off = BookConfig {
+        rerank_depth: 0,
+        ..BookConfig::default()
+    };
+    {
+        let b = MemoryBook::open(Store::open(&path).unwrap(), Some(e.clone()), None, off)
+            .await
+            .unwrap();
+        b.insert(
+            mem(
+                "m1",
+                "alice",
+                "cooking",
+                "How do I halve a cake?",
+                "Halve it.",
+                8.0,
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+        let row: starling_node::store::MemoryRecord<serde_json::Value> =
+            b.store().memory("m1").await.unwrap().unwrap();
+        assert!(row.body.get("tokens").is_none(), "{}", row.body);
+        assert!(row.body["whole"].is_array());
+    }
+    let b = book(Store::open(&path).unwrap(), &e).await;
+    let row: starling_node::store::MemoryRecord<serde_json::Value> =
+        b.store().memory("m1").await.unwrap().unwrap();
+    assert!(row.body["tokens"].is_string(), "{}", row.body);
+}

@@ -426,11 +426,7 @@ impl MemoryBook {
             .await?;
         book.rebuild_unreadable(&unreadable).await;
         let model = book.model_id();
-        let wants_tokens = book
-            .0
-            .embedder
-            .as_ref()
-            .is_some_and(EmbedHandle::supports_tokens);
+        let wants_tokens = book.token_embedder().is_some();
         let mut missing = Vec::new();
         let mut loaded = Vec::with_capacity(rows.len());
         for row in rows {
@@ -595,13 +591,24 @@ impl MemoryBook {
             .collect())
     }
 
-    /// Embeds texts as unit vectors, each with its token bits when the embedder gives
-    /// token vectors (empty vectors and no bits without an embedder).
+    /// The embedder, when the re-ranking stage is on and it gives token vectors: only then
+    /// are token bits made, stored and read (with the stage off they cost nothing, and
+    /// turning it on again gives the memories their bits when the book next opens).
+    fn token_embedder(&self) -> Option<&EmbedHandle> {
+        self.0
+            .embedder
+            .as_ref()
+            .filter(|e| self.0.config.rerank_depth > 0 && e.supports_tokens())
+    }
+
+    /// Embeds texts as unit vectors, each with its token bits when the re-ranking stage is
+    /// on and the embedder gives token vectors (empty vectors and no bits without an
+    /// embedder).
     pub async fn embed_with_tokens(
         &self,
         texts: Vec<String>,
     ) -> Result<Vec<(Vec<f32>, Option<TokenBits>)>, BookError> {
-        let Some(e) = self.0.embedder.as_ref().filter(|e| e.supports_tokens()) else {
+        let Some(e) = self.token_embedder() else {
             return Ok(self
                 .embed(texts)
                 .await?
@@ -837,11 +844,7 @@ impl MemoryBook {
         }
         // Embeds what is not given: prompts, then whole texts, in batches; everything when
         // the embedder gives token vectors, whose bits no caller has.
-        let wants_tokens = self
-            .0
-            .embedder
-            .as_ref()
-            .is_some_and(EmbedHandle::supports_tokens);
+        let wants_tokens = self.token_embedder().is_some();
         for chunk in todo.chunks_mut(EMBED_BATCH) {
             let tokens_missing: Vec<bool> = chunk
                 .iter()
