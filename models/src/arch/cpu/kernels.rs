@@ -42,6 +42,14 @@ pub(crate) enum Format {
     Q4_0,
     /// One nibble per value; bias stored per block.
     Q4_1,
+    /// Six bits per value (Q6_K's values, `q + 32`), [`Layout::Lanes`] only: nibble step
+    /// `s` of a chunk holds the low nibbles of value steps `2s` (low) and `2s + 1` (high),
+    /// high step `i` the top two bits of value steps `4i..4i + 4` (bits `2(t % 4)`), and
+    /// each high step follows the two nibble steps it completes, so that a kernel reads
+    /// the chunk front to back (see [`Chunk::q6_nibble_step`]). Each half of a block (16 values, a Q6_K sub-block) has its own
+    /// f16 scale, the first half's in `d` and the second's where Q4_1 keeps its bias; the
+    /// bias of a half is `-32·d` of that half.
+    Q6,
 }
 
 impl Format {
@@ -50,15 +58,46 @@ impl Format {
         match self {
             Self::Q8_0 => kp,
             Self::Q4_0 | Self::Q4_1 => kp / 2,
+            Self::Q6 => {
+                // Whole chunks take 24 bytes a block; a short last chunk whatever its
+                // steps take (a half-used high step when its blocks have 4 lanes each).
+                let nbp = kp / BLOCK;
+                let full = nbp - nbp % LANES;
+                let last = if full < nbp {
+                    let ch = Chunk::at(nbp, full);
+                    ch.step_bytes() * ch.q6_steps()
+                } else {
+                    0
+                };
+                full * 24 + last
+            }
         }
     }
 
-    /// For formats with an implicit bias `-offset·d`, the offset.
+    /// For formats with an implicit bias `-offset·d`, the offset (Q6: of each half's `d`).
     pub(crate) fn offset(self) -> f32 {
         match self {
             Self::Q8_0 => 128.0,
             Self::Q4_0 => 8.0,
             Self::Q4_1 => 0.0,
+            Self::Q6 => 32.0,
+        }
+    }
+
+    /// Whether the format keeps a second f16 per block (Q4_1's bias, Q6's second scale).
+    pub(crate) fn has_second_scale(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q6)
+    }
+
+    /// The f16 values per block in a matrix's scale array (`d`) in `layout`: in
+    /// [`Layout::Lanes`] a block's second value (Q4_1's bias, Q6's second scale) follows
+    /// the chunk's scales there (see [`RowAt::chunk_scales`]); [`Layout::Pairs`] keeps it
+    /// in an array of its own (`m`).
+    pub(crate) fn scales_per_block(self, layout: Layout) -> usize {
+        if layout == Layout::Lanes && self.has_second_scale() {
+            2
+        } else {
+            1
         }
     }
 }
@@ -153,6 +192,25 @@ impl Layout {
         }
     }
 
+    /// Where value `j` of block `b` of a [`Format::Q6`] row of `nbp` blocks keeps its low
+    /// nibble and its top two bits ([`Layout::Lanes`] only).
+    #[inline(always)]
+    fn q6_spots(nbp: usize, b: usize, j: usize) -> (Spot, Spot) {
+        let ch = Chunk::of(nbp, b);
+        let (t, lane) = ch.place(b, j);
+        let at = |step: usize, shift: u32| Spot {
+            start: ch.start * 24,
+            step,
+            step_bytes: ch.step_bytes(),
+            within: lane * 4 + j % 4,
+            shift,
+        };
+        (
+            at(ch.q6_nibble_step(t / 2), 4 * (t % 2) as u32),
+            at(ch.q6_high_step(t / 4), 2 * (t % 4) as u32),
+        )
+    }
+
     /// Where value `j` of block `b` lies in a row of `nbp` blocks stored one byte per
     /// value (Q8 weights, activations).
     #[inline(always)]
@@ -218,6 +276,27 @@ impl Chunk {
         8 / self.per
     }
 
+    /// Steps of [`Format::Q6`] bytes: the nibble steps (two value steps each) and the
+    /// high-bit steps (four value steps each, the last possibly half used).
+    #[inline(always)]
+    pub(crate) fn q6_steps(self) -> usize {
+        self.steps() / 2 + self.steps().div_ceil(4)
+    }
+
+    /// Where nibble step `s` of a [`Format::Q6`] chunk lies among its steps: in groups of
+    /// two nibble steps and the high step that completes them.
+    #[inline(always)]
+    pub(crate) fn q6_nibble_step(self, s: usize) -> usize {
+        3 * (s / 2) + s % 2
+    }
+
+    /// Where high step `i` of a [`Format::Q6`] chunk lies among its steps: after the (one
+    /// or two) nibble steps of its group.
+    #[inline(always)]
+    pub(crate) fn q6_high_step(self, i: usize) -> usize {
+        3 * i + (self.steps() / 2 - 2 * i).min(2)
+    }
+
     /// Bytes between two steps of one-byte values.
     #[inline(always)]
     pub(crate) fn step_bytes(self) -> usize {
@@ -255,6 +334,8 @@ pub(crate) struct RowAt {
     d: usize,
     g: usize,
     ri: usize,
+    /// [`Format::scales_per_block`].
+    s: usize,
 }
 
 impl RowAt {
@@ -263,11 +344,13 @@ impl RowAt {
     pub(crate) fn new(fmt: Format, layout: Layout, nbp: usize, rows: usize, r: usize) -> Self {
         let tr = layout.tile_rows();
         let tile = r / tr;
+        let s = fmt.scales_per_block(layout);
         Self {
             q: tile * tr * fmt.row_bytes(nbp * BLOCK),
-            d: tile * tr * nbp,
+            d: tile * tr * nbp * s,
             g: tr.min(rows - tile * tr),
             ri: r % tr,
+            s,
         }
     }
 
@@ -296,14 +379,17 @@ impl RowAt {
         (ptrs, at[0].g * step_bytes)
     }
 
-    /// The index of the first of the scales (or biases) of chunk `ch`'s blocks, which
-    /// follow one another, in [`Layout::Lanes`].
+    /// The index of the first of the scales of chunk `ch`'s blocks, which follow one
+    /// another, in [`Layout::Lanes`]; where the format has a second value per block (Q4_1's
+    /// biases, Q6's second scales), the chunk's `ch.n` of them follow its scales, so that a
+    /// tile reads its scales as one stream (a second array read beside the weights and the
+    /// scales slowed Q6 decode over a 58 MB matrix from 23 to 16 GB/s on one AMD EPYC core).
     #[inline(always)]
     pub(crate) fn chunk_scales(self, ch: Chunk) -> usize {
-        self.d + self.g * ch.start + self.ri * ch.n
+        self.d + self.s * (self.g * ch.start + self.ri * ch.n)
     }
 
-    /// The index of block `b`'s scale (or bias) in a matrix of `nbp` blocks per row.
+    /// The index of block `b`'s scale in a matrix of `nbp` blocks per row.
     #[inline(always)]
     fn scale(self, layout: Layout, nbp: usize, b: usize) -> usize {
         match layout {
@@ -315,11 +401,33 @@ impl RowAt {
         }
     }
 
-    /// The byte and bit shift (0 or 4) of value `j` of block `b`.
+    /// The index of block `b`'s second value (bias or second scale): in the scale array for
+    /// [`Layout::Lanes`], in the bias array `m` (at the scale's index) for
+    /// [`Layout::Pairs`].
+    #[inline(always)]
+    fn second(self, layout: Layout, nbp: usize, b: usize) -> usize {
+        match layout {
+            Layout::Pairs => self.d + b,
+            Layout::Lanes => {
+                let ch = Chunk::of(nbp, b);
+                self.chunk_scales(ch) + ch.n + b - ch.start
+            }
+        }
+    }
+
+    /// The byte and bit shift (0 or 4) of value `j` of block `b` (not [`Format::Q6`]).
     #[inline(always)]
     fn value(self, fmt: Format, layout: Layout, nbp: usize, b: usize, j: usize) -> (usize, u32) {
         let s = layout.spot(fmt, nbp, b, j);
         (self.step(s.start, s.step, s.step_bytes) + s.within, s.shift)
+    }
+
+    /// The byte and shift of the low nibble, and of the top two bits, of value `j` of
+    /// block `b` in a [`Format::Q6`] row.
+    #[inline(always)]
+    fn q6_value(self, nbp: usize, b: usize, j: usize) -> [(usize, u32); 2] {
+        let (lo, hi) = Layout::q6_spots(nbp, b, j);
+        [lo, hi].map(|s| (self.step(s.start, s.step, s.step_bytes) + s.within, s.shift))
     }
 }
 
@@ -338,11 +446,39 @@ pub(crate) fn weight_index(
     RowAt::new(fmt, layout, nbp, rows, r).value(fmt, layout, nbp, b, j)
 }
 
-/// The index of block `b`'s scale (and Q4_1 bias) of row `r` in a weight matrix of `rows`
-/// rows of `nbp` blocks arranged as `layout` says.
-pub(crate) fn scale_index(layout: Layout, nbp: usize, rows: usize, r: usize, b: usize) -> usize {
-    // The scales' place does not depend on the format.
-    RowAt::new(Format::Q8_0, layout, nbp, rows, r).scale(layout, nbp, b)
+/// The byte and bit shift of the low nibble (0 or 4), and of the top two bits (0, 2, 4 or
+/// 6), of value `j` of block `b` of row `r` in a [`Format::Q6`] matrix of `rows` rows of
+/// `nbp` blocks (always [`Layout::Lanes`]).
+pub(crate) fn q6_index(nbp: usize, rows: usize, r: usize, b: usize, j: usize) -> [(usize, u32); 2] {
+    RowAt::new(Format::Q6, Layout::Lanes, nbp, rows, r).q6_value(nbp, b, j)
+}
+
+/// The index of block `b`'s scale of row `r` in a weight matrix of `rows` rows of `nbp`
+/// blocks of `fmt` arranged as `layout` says.
+pub(crate) fn scale_index(
+    fmt: Format,
+    layout: Layout,
+    nbp: usize,
+    rows: usize,
+    r: usize,
+    b: usize,
+) -> usize {
+    RowAt::new(fmt, layout, nbp, rows, r).scale(layout, nbp, b)
+}
+
+/// Where block `b`'s second value (Q4_1's bias, Q6's second scale) of row `r` lies: the
+/// index in the scale array ([`Layout::Lanes`]) or in the bias array ([`Layout::Pairs`]),
+/// and which of the two it is (true: the scale array).
+pub(crate) fn second_index(
+    fmt: Format,
+    layout: Layout,
+    nbp: usize,
+    rows: usize,
+    r: usize,
+    b: usize,
+) -> (usize, bool) {
+    let at = RowAt::new(fmt, layout, nbp, rows, r).second(layout, nbp, b);
+    (at, fmt.scales_per_block(layout) == 2)
 }
 
 /// The instruction set the kernels run with.
@@ -454,9 +590,10 @@ impl Isa {
 pub(crate) struct WeightRows<'a> {
     /// Packed integers, `row_bytes` per row.
     pub q: &'a [u8],
-    /// Block scales, `nbp` per row.
+    /// Block scales, `nbp` per row, and in [`Layout::Lanes`] the blocks' second values
+    /// too (see [`Format::scales_per_block`]).
     pub d: &'a [f16],
-    /// Block biases (Q4_1 only), `nbp` per row.
+    /// [`Layout::Pairs`]: block biases (Q4_1), `nbp` per row; empty otherwise.
     pub m: &'a [f16],
     /// Storage format.
     pub fmt: Format,
@@ -478,9 +615,10 @@ impl WeightRows<'_> {
         let tr = self.layout.tile_rows();
         let (base, end) = (r0 / tr * tr, ((r0 + n).div_ceil(tr) * tr).min(self.rows));
         let (rb, nbp) = (self.fmt.row_bytes(self.nbp * BLOCK), self.nbp);
+        let ns = nbp * self.fmt.scales_per_block(self.layout);
         Self {
             q: &self.q[base * rb..end * rb],
-            d: &self.d[base * nbp..end * nbp],
+            d: &self.d[base * ns..end * ns],
             m: if self.m.is_empty() {
                 &[]
             } else {
@@ -501,10 +639,14 @@ impl WeightRows<'_> {
     /// The unsigned value `j` of block `b` of the tile's row `r`.
     #[inline(always)]
     pub(crate) fn value(&self, r: usize, b: usize, j: usize) -> u8 {
+        if self.fmt == Format::Q6 {
+            let [(lo, ls), (hi, hs)] = self.row_at(r).q6_value(self.nbp, b, j);
+            return ((self.q[lo] >> ls) & 0x0F) | (((self.q[hi] >> hs) & 3) << 4);
+        }
         let (at, shift) = self.row_at(r).value(self.fmt, self.layout, self.nbp, b, j);
         match self.fmt {
             Format::Q8_0 => self.q[at],
-            Format::Q4_0 | Format::Q4_1 => (self.q[at] >> shift) & 0x0F,
+            _ => (self.q[at] >> shift) & 0x0F,
         }
     }
 
@@ -512,10 +654,28 @@ impl WeightRows<'_> {
     /// the formats without a stored bias).
     #[inline(always)]
     pub(crate) fn scale_bias(&self, r: usize, b: usize) -> (f32, f32) {
-        let i = self.row_at(r).scale(self.layout, self.nbp, b);
-        let d = self.d[i].to_f32();
+        self.value_scale_bias(r, b, 0)
+    }
+
+    /// The scale and bias that apply to value `j` of block `b` of the tile's row `r` (they
+    /// differ between the halves of a [`Format::Q6`] block).
+    #[inline(always)]
+    pub(crate) fn value_scale_bias(&self, r: usize, b: usize, j: usize) -> (f32, f32) {
+        let at = self.row_at(r);
+        let d = self.d[at.scale(self.layout, self.nbp, b)].to_f32();
+        let second = || {
+            let i = at.second(self.layout, self.nbp, b);
+            match self.layout {
+                Layout::Lanes => self.d[i].to_f32(),
+                Layout::Pairs => self.m[i].to_f32(),
+            }
+        };
         match self.fmt {
-            Format::Q4_1 => (d, self.m[i].to_f32()),
+            Format::Q4_1 => (d, second()),
+            Format::Q6 if j >= BLOCK / 2 => {
+                let d = second();
+                (d, -Format::Q6.offset() * d)
+            }
             f => (d, -f.offset() * d),
         }
     }
@@ -530,6 +690,9 @@ pub(crate) struct ActRows<'a> {
     pub d: &'a [f32],
     /// `d · Σq` per block, `nbp` per row.
     pub s: &'a [f32],
+    /// `d · Σq` over the first 16 values of each block, `nbp` per row (the bias of a
+    /// [`Format::Q6`] block's first half; `s - h` is the second's).
+    pub h: &'a [f32],
     /// Arrangement of each row's values (the weights' layout).
     pub layout: Layout,
     /// Blocks per row (even).
@@ -560,19 +723,23 @@ pub(crate) fn tile<const R: usize, const C: usize>(
     assert!(
         w.first + R <= w.rows
             && w.q.len() >= w.rows * w.fmt.row_bytes(kp)
-            && w.d.len() >= w.rows * nbp,
+            && w.d.len() >= w.rows * nbp * w.fmt.scales_per_block(w.layout),
         "weight tile too short"
     );
     assert!(
-        w.fmt != Format::Q4_1 || w.m.len() >= w.rows * nbp,
+        !w.fmt.has_second_scale() || w.layout == Layout::Lanes || w.m.len() >= w.rows * nbp,
         "weight biases missing"
+    );
+    assert!(
+        w.fmt != Format::Q6 || w.layout == Layout::Lanes,
+        "Q6 weights come in the lane layout only"
     );
     assert!(
         w.layout.tile_rows() > 1 || w.first == 0,
         "rows one after another start at the slices' first"
     );
     assert!(
-        a.q.len() >= C * kp && a.d.len() >= C * nbp && a.s.len() >= C * nbp,
+        a.q.len() >= C * kp && a.d.len() >= C * nbp && a.s.len() >= C * nbp && a.h.len() >= C * nbp,
         "activation tile too short"
     );
     match (isa, w.layout) {
@@ -587,6 +754,7 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                     Format::Q8_0 => x86::tile_avx512_lanes::<Q8, R, C>(w, a, out),
                     Format::Q4_0 => x86::tile_avx512_lanes::<Q40, R, C>(w, a, out),
                     Format::Q4_1 => x86::tile_avx512_lanes::<Q41, R, C>(w, a, out),
+                    Format::Q6 => x86::tile_avx512_lanes::<Q6, R, C>(w, a, out),
                 }
             }
         }
@@ -598,6 +766,7 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                     Format::Q8_0 => x86::tile_avx2_lanes::<Q8, R, C>(w, a, out),
                     Format::Q4_0 => x86::tile_avx2_lanes::<Q40, R, C>(w, a, out),
                     Format::Q4_1 => x86::tile_avx2_lanes::<Q41, R, C>(w, a, out),
+                    Format::Q6 => x86::tile_avx2_lanes::<Q6, R, C>(w, a, out),
                 }
             }
         }
@@ -613,6 +782,8 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                     Format::Q8_0 => x86::tile_avx2::<Q8, R, C>(w, a, out),
                     Format::Q4_0 => x86::tile_avx2::<Q40, R, C>(w, a, out),
                     Format::Q4_1 => x86::tile_avx2::<Q41, R, C>(w, a, out),
+                    // Asserted above: Q6 comes in the lane layout only.
+                    Format::Q6 => unreachable!("Q6 in the pair layout"),
                 }
             }
         }
@@ -624,6 +795,8 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                     Format::Q8_0 => x86::tile_avx::<Q8, R, C>(w, a, out),
                     Format::Q4_0 => x86::tile_avx::<Q40, R, C>(w, a, out),
                     Format::Q4_1 => x86::tile_avx::<Q41, R, C>(w, a, out),
+                    // Asserted above: Q6 comes in the lane layout only.
+                    Format::Q6 => unreachable!("Q6 in the pair layout"),
                 }
             }
         }
@@ -636,6 +809,8 @@ pub(crate) fn tile<const R: usize, const C: usize>(
                     Format::Q8_0 => arm::tile_neon::<Q8, R, C>(w, a, out),
                     Format::Q4_0 => arm::tile_neon::<Q40, R, C>(w, a, out),
                     Format::Q4_1 => arm::tile_neon::<Q41, R, C>(w, a, out),
+                    // Asserted above: Q6 comes in the lane layout only.
+                    Format::Q6 => unreachable!("Q6 in the pair layout"),
                 }
             }
         }
@@ -646,22 +821,25 @@ pub(crate) fn tile<const R: usize, const C: usize>(
 const Q8: u8 = 0;
 const Q40: u8 = 1;
 const Q41: u8 = 2;
+const Q6: u8 = 3;
 
 /// [`Format::offset`] of a kernel's format constant.
 const fn offset(f: u8) -> f32 {
     match f {
         Q8 => 128.0,
         Q40 => 8.0,
+        Q6 => 32.0,
         _ => 0.0,
     }
 }
 
-/// [`Format::row_bytes`] of a kernel's format constant.
+/// [`Format::row_bytes`] of a kernel's format constant; for Q6, valid where `kp` ends at a
+/// whole chunk (the start of a chunk in the row).
 const fn row_bytes(f: u8, kp: usize) -> usize {
-    if f == Q8 {
-        kp
-    } else {
-        kp / 2
+    match f {
+        Q8 => kp,
+        Q6 => kp / 4 * 3,
+        _ => kp / 2,
     }
 }
 
@@ -767,12 +945,24 @@ fn tile_scalar<const R: usize, const C: usize>(
         for (r, o) in out_c.iter_mut().enumerate() {
             let mut sum = 0f32;
             for b in 0..nbp {
-                let mut dot = 0i32;
+                let mut dot = [0i32; 2];
                 for j in 0..BLOCK {
-                    dot += w.value(r, b, j) as i32 * aq[a.layout.byte_index(nbp, b, j)] as i32;
+                    dot[j / (BLOCK / 2)] +=
+                        w.value(r, b, j) as i32 * aq[a.layout.byte_index(nbp, b, j)] as i32;
                 }
-                let (d, m) = w.scale_bias(r, b);
-                sum += d * a.d[c * nbp + b] * dot as f32 + m * a.s[c * nbp + b];
+                let (da, sa) = (a.d[c * nbp + b], a.s[c * nbp + b]);
+                if w.fmt == Format::Q6 {
+                    // Each half with its own scale and bias.
+                    let ((d0, m0), (d1, m1)) = (
+                        w.value_scale_bias(r, b, 0),
+                        w.value_scale_bias(r, b, BLOCK / 2),
+                    );
+                    let h = a.h[c * nbp + b];
+                    sum += da * (d0 * dot[0] as f32 + d1 * dot[1] as f32) + m0 * h + m1 * (sa - h);
+                } else {
+                    let (d, m) = w.scale_bias(r, b);
+                    sum += d * da * (dot[0] + dot[1]) as f32 + m * sa;
+                }
             }
             *o = sum;
         }
@@ -785,7 +975,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::{offset, row_bytes, ActRows, Chunk, RowAt, WeightRows, BLOCK, LANES, Q41, Q8};
+    use super::{offset, row_bytes, ActRows, Chunk, RowAt, WeightRows, BLOCK, LANES, Q41, Q6, Q8};
 
     /// AVX-512 VNNI tile kernel over rows in [`super::Layout::Lanes`]; see [`super::tile`].
     ///
@@ -807,13 +997,9 @@ mod x86 {
     ) {
         let nbp = w.nbp;
         let kp = nbp * BLOCK;
-        let (wq, wd, wm) = (
-            w.q.as_ptr(),
-            w.d.as_ptr() as *const i16,
-            w.m.as_ptr() as *const i16,
-        );
+        let (wq, wd) = (w.q.as_ptr(), w.d.as_ptr() as *const i16);
         let at: [RowAt; R] = std::array::from_fn(|r| w.row_at(r));
-        let (aq, ad, as_) = (a.q.as_ptr(), a.d.as_ptr(), a.s.as_ptr());
+        let (aq, ad, as_, ah) = (a.q.as_ptr(), a.d.as_ptr(), a.s.as_ptr(), a.h.as_ptr());
         let neg_off = _mm512_set1_ps(-offset(F));
         let low = _mm512_set1_epi8(0x0F);
         let mut acc = [[_mm512_setzero_ps(); R]; C];
@@ -830,33 +1016,186 @@ mod x86 {
             // Blocks of the chunk (scales, biases), and lanes of its steps.
             let (bmask, lmask) = (low_mask(ch.n), low_mask(ch.lanes()));
             let (step, steps) = (ch.step_bytes(), ch.steps());
-            let mut dw = [_mm512_setzero_ps(); R];
-            let mut mw = [_mm512_setzero_ps(); R];
-            for r in 0..R {
-                let sc = at[r].chunk_scales(ch);
-                // SAFETY: masked loads of blocks chunk..chunk+n of row r (< nbp).
+            // The chunk's scales of each row (at `offset` 0) or its second values (at
+            // `ch.n`: Q4_1's biases, Q6's second scales), as f32. Read where they are used
+            // (the biases here, the scales when a dot product is added up), so that they
+            // do not hold registers across the products: Q6's unpacking needs them.
+            let scales = |r: usize, offset: usize| {
+                // SAFETY: masked load of blocks chunk..chunk+n of row r (< nbp).
                 unsafe {
-                    dw[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wd.add(sc)));
-                    mw[r] = if F == Q41 {
-                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(bmask, wm.add(sc)))
-                    } else {
-                        _mm512_mul_ps(dw[r], neg_off)
-                    };
+                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                        bmask,
+                        wd.add(at[r].chunk_scales(ch) + offset),
+                    ))
+                }
+            };
+            let mut mw = [_mm512_setzero_ps(); R];
+            // Q6: the biases of the blocks' second halves.
+            let mut mw1 = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                mw[r] = if F == Q41 {
+                    scales(r, ch.n)
+                } else {
+                    _mm512_mul_ps(scales(r, 0), neg_off)
+                };
+                if F == Q6 {
+                    mw1[r] = _mm512_mul_ps(scales(r, ch.n), neg_off);
                 }
             }
             for c in 0..C {
                 // SAFETY: masked load of blocks chunk..chunk+n of activation row c.
                 let sa = unsafe { _mm512_maskz_loadu_ps(bmask, as_.add(c * nbp + chunk)) };
-                for r in 0..R {
-                    acc[c][r] = _mm512_fmadd_ps(mw[r], sa, acc[c][r]);
+                if F == Q6 {
+                    // The halves' biases: -32·d0 · h and -32·d1 · (s - h).
+                    let h = unsafe { _mm512_maskz_loadu_ps(bmask, ah.add(c * nbp + chunk)) };
+                    let rest = _mm512_sub_ps(sa, h);
+                    for r in 0..R {
+                        acc[c][r] = _mm512_fmadd_ps(mw[r], h, acc[c][r]);
+                        acc[c][r] = _mm512_fmadd_ps(mw1[r], rest, acc[c][r]);
+                    }
+                } else {
+                    for r in 0..R {
+                        acc[c][r] = _mm512_fmadd_ps(mw[r], sa, acc[c][r]);
+                    }
                 }
             }
+            // Lane l holds part of block l / per: its scale comes from there.
+            let spread = (ch.per > 1).then(|| {
+                let shift = _mm512_set1_epi32(ch.per.trailing_zeros() as i32);
+                let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                _mm512_srlv_epi32(lanes, shift)
+            });
+            // acc += dot · (d_w · d_a), each lane with its block's scales (at `offset`).
+            let flush = |acc: &mut [[__m512; R]; C], dot: &[[__m512i; R]; C], offset: usize| {
+                let dw: [__m512; R] = std::array::from_fn(|r| scales(r, offset));
+                for c in 0..C {
+                    // SAFETY: masked load of the chunk's activation scales of row c.
+                    let da = unsafe { _mm512_maskz_loadu_ps(bmask, ad.add(c * nbp + chunk)) };
+                    for r in 0..R {
+                        let mut scale = _mm512_mul_ps(dw[r], da);
+                        if let Some(idx) = spread {
+                            scale = _mm512_permutexvar_ps(idx, scale);
+                        }
+                        acc[c][r] =
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c][r]), scale, acc[c][r]);
+                    }
+                }
+            };
             let mut dot = [[_mm512_setzero_si512(); R]; C];
+            // Where the scales of the last products are (Q6: its second halves').
+            let mut last = 0;
             // SAFETY (both arms): every load covers the chunk's lanes of 4 bytes of one of
             // its steps, inside row r of the weights and row c of the activations.
             // Each row's steps, walked by pointer (no index arithmetic in the loop).
             let (mut wp, stride) = RowAt::tile_steps(&at, wq, row_bytes(F, chunk * BLOCK), step, 0);
-            if F == Q8 {
+            if F == Q6 && steps == 8 {
+                // A chunk of one lane a block (every chunk but a row's short last one),
+                // unrolled with the shifts as immediates: half `p` of every block is steps
+                // 3p, 3p + 1 (nibbles) and 3p + 2 (top bits); its sums go to `acc` with its
+                // own scales before the second half's start.
+                let m30 = _mm512_set1_epi8(0x30);
+                for part in 0..2 {
+                    if part == 1 {
+                        flush(&mut acc, &dot, 0);
+                        dot = [[_mm512_setzero_si512(); R]; C];
+                    }
+                    // The part's three steps of the tile's rows, in the order they lie in
+                    // memory (step by step, each the rows side by side).
+                    let mut raw = [[_mm512_setzero_si512(); R]; 3];
+                    for k in 0..3 {
+                        for r in 0..R {
+                            raw[k][r] = unsafe {
+                                _mm512_maskz_loadu_epi32(
+                                    lmask,
+                                    wp[r].add(stride * (3 * part + k)) as *const _,
+                                )
+                            };
+                        }
+                    }
+                    let mut wv = [[_mm512_setzero_si512(); 4]; R];
+                    for r in 0..R {
+                        let [x0, x1, hb] = [raw[0][r], raw[1][r], raw[2][r]];
+                        // The top bits of value step 4p + i are bits 2i..2i + 2 of `hb`,
+                        // moved to bits 4..6 (16-bit shifts: what crosses a byte is masked).
+                        let top = [
+                            _mm512_and_si512(_mm512_slli_epi16::<4>(hb), m30),
+                            _mm512_and_si512(_mm512_slli_epi16::<2>(hb), m30),
+                            _mm512_and_si512(hb, m30),
+                            _mm512_and_si512(_mm512_srli_epi16::<2>(hb), m30),
+                        ];
+                        let nibbles = [
+                            _mm512_and_si512(x0, low),
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(x0), low),
+                            _mm512_and_si512(x1, low),
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(x1), low),
+                        ];
+                        for i in 0..4 {
+                            wv[r][i] = _mm512_or_si512(nibbles[i], top[i]);
+                        }
+                    }
+                    for c in 0..C {
+                        for i in 0..4 {
+                            let av = unsafe {
+                                _mm512_loadu_si512(
+                                    aq.add(c * kp + chunk * BLOCK + (4 * part + i) * step)
+                                        as *const _,
+                                )
+                            };
+                            for r in 0..R {
+                                dot[c][r] = _mm512_dpbusd_epi32(dot[c][r], wv[r][i], av);
+                            }
+                        }
+                    }
+                }
+                last = ch.n;
+            } else if F == Q6 {
+                // Value steps of the first half of every block, then of the second: the
+                // halves have scales of their own, so the first half's sums go to `acc`
+                // before the second's start.
+                let half = steps / 2;
+                let three = _mm512_set1_epi8(3);
+                for t in 0..steps {
+                    if t == half {
+                        flush(&mut acc, &dot, 0);
+                        dot = [[_mm512_setzero_si512(); R]; C];
+                    }
+                    let (ns, hs) = (
+                        _mm_cvtsi32_si128(4 * (t % 2) as i32),
+                        _mm_cvtsi32_si128(2 * (t % 4) as i32),
+                    );
+                    let mut wv = [_mm512_setzero_si512(); R];
+                    for r in 0..R {
+                        let (x, hb) = unsafe {
+                            (
+                                _mm512_maskz_loadu_epi32(
+                                    lmask,
+                                    wp[r].add(stride * ch.q6_nibble_step(t / 2)) as *const _,
+                                ),
+                                _mm512_maskz_loadu_epi32(
+                                    lmask,
+                                    wp[r].add(stride * ch.q6_high_step(t / 4)) as *const _,
+                                ),
+                            )
+                        };
+                        // 16-bit shifts: the bits another byte pushes in are masked off.
+                        let lo = _mm512_and_si512(_mm512_srl_epi16(x, ns), low);
+                        let top = _mm512_and_si512(_mm512_srl_epi16(hb, hs), three);
+                        wv[r] = _mm512_or_si512(lo, _mm512_slli_epi16::<4>(top));
+                    }
+                    for c in 0..C {
+                        let av = unsafe {
+                            _mm512_maskz_loadu_epi32(
+                                lmask,
+                                aq.add(c * kp + chunk * BLOCK + t * step) as *const _,
+                            )
+                        };
+                        for r in 0..R {
+                            dot[c][r] = _mm512_dpbusd_epi32(dot[c][r], wv[r], av);
+                        }
+                    }
+                }
+                last = ch.n;
+            } else if F == Q8 {
                 for t in 0..steps {
                     let mut wv = [_mm512_setzero_si512(); R];
                     for r in 0..R {
@@ -904,23 +1243,7 @@ mod x86 {
                     }
                 }
             }
-            // Lane l holds part of block l / per: its scale comes from there.
-            let spread = (ch.per > 1).then(|| {
-                let shift = _mm512_set1_epi32(ch.per.trailing_zeros() as i32);
-                let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                _mm512_srlv_epi32(lanes, shift)
-            });
-            for c in 0..C {
-                // SAFETY: masked load of the chunk's activation scales of row c.
-                let da = unsafe { _mm512_maskz_loadu_ps(bmask, ad.add(c * nbp + chunk)) };
-                for r in 0..R {
-                    let mut scale = _mm512_mul_ps(dw[r], da);
-                    if let Some(idx) = spread {
-                        scale = _mm512_permutexvar_ps(idx, scale);
-                    }
-                    acc[c][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c][r]), scale, acc[c][r]);
-                }
-            }
+            flush(&mut acc, &dot, last);
             chunk += LANES;
         }
         if R * C == 16 {
@@ -1327,27 +1650,47 @@ mod x86 {
             // SAFETY: the caller's contract; chunk `ch` lies inside every row.
             unsafe {
                 if ch.n == LANES {
-                    // A whole chunk: two halves of eight blocks, eight steps of 64 bytes.
+                    // A whole chunk: two halves of eight blocks, eight steps of 64 bytes
+                    // (Q6: the halves of its blocks, each with its own scale, one at a
+                    // time).
                     for h in 0..2 {
                         let all = _mm256_set1_epi32(-1);
-                        let dot = half_dots::<F, R, N>(w, &at, a, c0, ch, h, 8, all);
                         let first = chunk + 8 * h;
-                        for r in 0..R {
-                            let sc = at[r].chunk_scales(ch) + 8 * h;
-                            let dw = load_f16x8(w.d.as_ptr().add(sc));
-                            let m = bias8::<F>(w, sc);
-                            for c in 0..N {
-                                let row = (c0 + c) * nbp + first;
-                                let da = _mm256_loadu_ps(a.d.as_ptr().add(row));
-                                let x = &mut acc[c0 + c][r];
-                                *x = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(dot[c][r]),
-                                    _mm256_mul_ps(dw, da),
-                                    *x,
-                                );
-                                if let Some(m) = m {
-                                    let sa = _mm256_loadu_ps(a.s.as_ptr().add(row));
-                                    *x = _mm256_fmadd_ps(m, sa, *x);
+                        for part in 0..if F == Q6 { 2 } else { 1 } {
+                            let dot = half_dots::<F, R, N>(w, &at, a, c0, ch, h, 8, all, part);
+                            for r in 0..R {
+                                // The chunk's scales, then its second values.
+                                let sc = at[r].chunk_scales(ch) + 8 * h;
+                                let dw = load_f16x8(w.d.as_ptr().add(sc + part * LANES));
+                                let m = if F == Q6 {
+                                    Some(_mm256_mul_ps(dw, _mm256_set1_ps(-offset(F))))
+                                } else {
+                                    bias8::<F>(w, sc)
+                                };
+                                for c in 0..N {
+                                    let row = (c0 + c) * nbp + first;
+                                    let da = _mm256_loadu_ps(a.d.as_ptr().add(row));
+                                    let x = &mut acc[c0 + c][r];
+                                    *x = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(dot[c][r]),
+                                        _mm256_mul_ps(dw, da),
+                                        *x,
+                                    );
+                                    if let Some(m) = m {
+                                        let sa = _mm256_loadu_ps(a.s.as_ptr().add(row));
+                                        let sa = if F != Q6 {
+                                            sa
+                                        } else {
+                                            // A Q6 half's bias goes with its own sum.
+                                            let h = _mm256_loadu_ps(a.h.as_ptr().add(row));
+                                            if part == 0 {
+                                                h
+                                            } else {
+                                                _mm256_sub_ps(sa, h)
+                                            }
+                                        };
+                                        *x = _mm256_fmadd_ps(m, sa, *x);
+                                    }
                                 }
                             }
                         }
@@ -1367,7 +1710,9 @@ mod x86 {
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const _)) }
     }
 
-    /// The biases of blocks `b..b + 8` of the weights (a Q4 format), none for Q8.
+    /// The biases of the 8 blocks whose scales are at `b` in a whole chunk of
+    /// [`super::Layout::Lanes`] (a Q4 format; Q4_1's follow the chunk's 16 scales), none
+    /// for Q8.
     #[inline(always)]
     unsafe fn bias8<const F: u8>(w: &WeightRows<'_>, b: usize) -> Option<__m256> {
         // SAFETY: the caller guarantees blocks b..b + 8 exist.
@@ -1375,7 +1720,7 @@ mod x86 {
             if F == Q8 {
                 None
             } else if F == Q41 {
-                Some(load_f16x8(w.m.as_ptr().add(b)))
+                Some(load_f16x8(w.d.as_ptr().add(b + LANES)))
             } else {
                 Some(_mm256_mul_ps(
                     load_f16x8(w.d.as_ptr().add(b)),
@@ -1387,7 +1732,7 @@ mod x86 {
 
     /// The integer dot products, per lane, of half `h` of chunk `ch` (its `used` lanes,
     /// `mask` when fewer than 8) of the tile's weight rows with activation rows
-    /// `c0..c0 + N`.
+    /// `c0..c0 + N`; for Q6, over the value steps of half `part` of each block only.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn half_dots<const F: u8, const R: usize, const N: usize>(
@@ -1399,6 +1744,7 @@ mod x86 {
         h: usize,
         used: usize,
         mask: __m256i,
+        part: usize,
     ) -> [[__m256i; R]; N] {
         let kp = w.nbp * BLOCK;
         let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
@@ -1411,6 +1757,37 @@ mod x86 {
         // of the weights or row c0 + c of the activations.
         unsafe {
             let ones = _mm256_set1_epi16(1);
+            if F == Q6 {
+                // Six-bit values: a `vpmaddubsw` lane is at most 2·63·127, so products are
+                // widened to 32 bits after every step. The nibble and high-bit steps are
+                // read by offset from step 0 (two value steps share a nibble step).
+                let (low, three) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+                let half = steps / 2;
+                for t in part * half..(part + 1) * half {
+                    let off = ch.start * BLOCK + t * step + 32 * h;
+                    let mut av = [_mm256_setzero_si256(); N];
+                    for c in 0..N {
+                        av[c] = load_lanes(aq.add((c0 + c) * kp + off), used, mask);
+                    }
+                    let (ns, hs) = (
+                        _mm_cvtsi32_si128(4 * (t % 2) as i32),
+                        _mm_cvtsi32_si128(2 * (t % 4) as i32),
+                    );
+                    for r in 0..R {
+                        let x =
+                            load_lanes(wp[r].add(stride * ch.q6_nibble_step(t / 2)), used, mask);
+                        let hb = load_lanes(wp[r].add(stride * ch.q6_high_step(t / 4)), used, mask);
+                        let lo = _mm256_and_si256(_mm256_srl_epi16(x, ns), low);
+                        let top = _mm256_and_si256(_mm256_srl_epi16(hb, hs), three);
+                        let u = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(top));
+                        for c in 0..N {
+                            let p = _mm256_maddubs_epi16(u, av[c]);
+                            dot[c][r] = _mm256_add_epi32(dot[c][r], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+                return dot;
+            }
             if F == Q8 {
                 let flip = _mm256_set1_epi8(-128);
                 for t in 0..steps {
@@ -1497,26 +1874,41 @@ mod x86 {
                     ]
                 }
             };
-            let mut dw = [[_mm256_setzero_ps(); 2]; R];
-            let mut m = [[_mm256_setzero_ps(); 2]; R];
+            // Scales (spread over the lanes) and biases (in block order) of each row; for
+            // Q6, of each half of its blocks (`1` holds the second halves').
+            let mut dw = [[[_mm256_setzero_ps(); 2]; R]; 2];
+            let mut m = [[[_mm256_setzero_ps(); 2]; R]; 2];
+            let k = _mm256_set1_ps(-offset(F));
             for r in 0..R {
                 let sc = at[r].chunk_scales(ch);
                 let d = f16s(w.d.as_ptr().add(sc), n);
-                dw[r] = spread(d);
+                dw[0][r] = spread(d);
                 if F == Q41 {
-                    m[r] = f16s(w.m.as_ptr().add(sc), n);
+                    m[0][r] = f16s(w.d.as_ptr().add(sc + n), n);
                 } else if F != Q8 {
-                    let k = _mm256_set1_ps(-offset(F));
-                    m[r] = [_mm256_mul_ps(d[0], k), _mm256_mul_ps(d[1], k)];
+                    m[0][r] = [_mm256_mul_ps(d[0], k), _mm256_mul_ps(d[1], k)];
+                }
+                if F == Q6 {
+                    let d1 = f16s(w.d.as_ptr().add(sc + n), n);
+                    dw[1][r] = spread(d1);
+                    m[1][r] = [_mm256_mul_ps(d1[0], k), _mm256_mul_ps(d1[1], k)];
                 }
             }
             let mut da = [[_mm256_setzero_ps(); 2]; N];
-            let mut sa = [[_mm256_setzero_ps(); 2]; N];
+            // Activation sums the biases go with: of whole blocks, or of Q6's halves.
+            let mut sa = [[[_mm256_setzero_ps(); 2]; N]; 2];
             for c in 0..N {
                 let row = (c0 + c) * nbp + ch.start;
                 da[c] = spread(f32s(a.d.as_ptr().add(row), n));
-                if F != Q8 {
-                    sa[c] = f32s(a.s.as_ptr().add(row), n);
+                if F == Q6 {
+                    let (s, h) = (
+                        f32s(a.s.as_ptr().add(row), n),
+                        f32s(a.h.as_ptr().add(row), n),
+                    );
+                    sa[0][c] = h;
+                    sa[1][c] = [_mm256_sub_ps(s[0], h[0]), _mm256_sub_ps(s[1], h[1])];
+                } else if F != Q8 {
+                    sa[0][c] = f32s(a.s.as_ptr().add(row), n);
                 }
             }
             for h in 0..2 {
@@ -1524,22 +1916,27 @@ mod x86 {
                     break;
                 }
                 let used = (ch.lanes() - 8 * h).min(8);
-                let dot = half_dots::<F, R, N>(w, at, a, c0, ch, h, used, lane_mask(used));
-                for r in 0..R {
-                    for c in 0..N {
-                        let x = &mut acc[c0 + c][r];
-                        let scale = _mm256_mul_ps(dw[r][h], da[c][h]);
-                        *x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c][r]), scale, *x);
+                for part in 0..if F == Q6 { 2 } else { 1 } {
+                    let dot =
+                        half_dots::<F, R, N>(w, at, a, c0, ch, h, used, lane_mask(used), part);
+                    for r in 0..R {
+                        for c in 0..N {
+                            let x = &mut acc[c0 + c][r];
+                            let scale = _mm256_mul_ps(dw[part][r][h], da[c][h]);
+                            *x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c][r]), scale, *x);
+                        }
                     }
                 }
             }
             if F != Q8 {
                 // Biases per block, in block order (lane i is block ch.start + i).
-                for r in 0..R {
-                    for c in 0..N {
-                        let x = &mut acc[c0 + c][r];
-                        *x = _mm256_fmadd_ps(m[r][0], sa[c][0], *x);
-                        *x = _mm256_fmadd_ps(m[r][1], sa[c][1], *x);
+                for part in 0..if F == Q6 { 2 } else { 1 } {
+                    for r in 0..R {
+                        for c in 0..N {
+                            let x = &mut acc[c0 + c][r];
+                            *x = _mm256_fmadd_ps(m[part][r][0], sa[part][c][0], *x);
+                            *x = _mm256_fmadd_ps(m[part][r][1], sa[part][c][1], *x);
+                        }
                     }
                 }
             }
@@ -1754,6 +2151,38 @@ mod tests {
 
     use super::*;
 
+    /// The formats a layout holds (Q6 comes in the lane layout only).
+    fn formats(layout: Layout) -> Vec<Format> {
+        let mut f = vec![Format::Q8_0, Format::Q4_0, Format::Q4_1];
+        if layout == Layout::Lanes {
+            f.push(Format::Q6);
+        }
+        f
+    }
+
+    /// Writes unsigned value `u` as value `j` of block `b` of row `r` of a matrix.
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        q: &mut [u8],
+        fmt: Format,
+        layout: Layout,
+        nbp: usize,
+        rows: usize,
+        r: usize,
+        b: usize,
+        j: usize,
+        u: u8,
+    ) {
+        if fmt == Format::Q6 {
+            let [(lo, ls), (hi, hs)] = q6_index(nbp, rows, r, b, j);
+            q[lo] |= (u & 0x0F) << ls;
+            q[hi] |= (u >> 4) << hs;
+        } else {
+            let (at, shift) = weight_index(fmt, layout, nbp, rows, r, b, j);
+            q[at] |= u << shift;
+        }
+    }
+
     /// A random packed weight tile of `rows` rows and `nbp` blocks, plus its values as f32.
     struct TestWeights {
         q: Vec<u8>,
@@ -1773,33 +2202,44 @@ mod tests {
         let rb = fmt.row_bytes(kp);
         let mut t = TestWeights {
             q: vec![0; rows * rb],
-            d: vec![f16::ZERO; rows * nbp],
+            d: vec![f16::ZERO; rows * nbp * fmt.scales_per_block(layout)],
             m: vec![f16::ZERO; rows * nbp],
             values: vec![0.0; rows * kp],
         };
         for r in 0..rows {
             for b in 0..nbp {
                 let d = f16::from_f32(rng.gen_range(0.001f32..0.05));
-                let m = f16::from_f32(rng.gen_range(-0.2f32..0.2));
-                let at = scale_index(layout, nbp, rows, r, b);
-                t.d[at] = d;
-                t.m[at] = m;
+                let mut m = f16::from_f32(rng.gen_range(-0.2f32..0.2));
+                if fmt == Format::Q6 {
+                    // Q6's second half has a scale of its own, drawn in the same range.
+                    m = f16::from_f32(m.to_f32().abs() / 4.0 + 0.001);
+                }
+                t.d[scale_index(fmt, layout, nbp, rows, r, b)] = d;
+                if fmt.has_second_scale() {
+                    let (at, in_d) = second_index(fmt, layout, nbp, rows, r, b);
+                    if in_d {
+                        t.d[at] = m;
+                    } else {
+                        t.m[at] = m;
+                    }
+                }
                 for j in 0..BLOCK {
                     let u: u8 = match fmt {
                         Format::Q8_0 => rng.gen(),
+                        Format::Q6 => rng.gen_range(0..64),
                         _ => rng.gen_range(0..16),
                     };
-                    let (at, shift) = weight_index(fmt, layout, nbp, rows, r, b, j);
-                    t.q[at] |= u << shift;
-                    let bias = match fmt {
-                        Format::Q4_1 => m.to_f32(),
-                        f => -f.offset() * d.to_f32(),
+                    put(&mut t.q, fmt, layout, nbp, rows, r, b, j, u);
+                    let (d, bias) = match fmt {
+                        Format::Q4_1 => (d.to_f32(), m.to_f32()),
+                        Format::Q6 if j >= BLOCK / 2 => (m.to_f32(), -fmt.offset() * m.to_f32()),
+                        f => (d.to_f32(), -f.offset() * d.to_f32()),
                     };
-                    t.values[r * kp + b * BLOCK + j] = d.to_f32() * u as f32 + bias;
+                    t.values[r * kp + b * BLOCK + j] = d * u as f32 + bias;
                 }
             }
         }
-        if fmt != Format::Q4_1 {
+        if fmt.scales_per_block(layout) == 2 || !fmt.has_second_scale() {
             t.m.clear();
         }
         t
@@ -1809,6 +2249,7 @@ mod tests {
         q: Vec<i8>,
         d: Vec<f32>,
         s: Vec<f32>,
+        h: Vec<f32>,
         values: Vec<f32>,
     }
 
@@ -1817,6 +2258,7 @@ mod tests {
             q: Vec::new(),
             d: Vec::new(),
             s: Vec::new(),
+            h: Vec::new(),
             values: Vec::new(),
         };
         for _ in 0..rows {
@@ -1824,15 +2266,19 @@ mod tests {
             t.q.resize(row + nbp * BLOCK, 0);
             for b in 0..nbp {
                 let d = rng.gen_range(0.001f32..0.1);
-                let mut sum = 0i32;
+                let (mut sum, mut first) = (0i32, 0i32);
                 for j in 0..BLOCK {
                     let q: i8 = rng.gen_range(-127..=127);
                     sum += q as i32;
+                    if j < BLOCK / 2 {
+                        first += q as i32;
+                    }
                     t.q[row + layout.byte_index(nbp, b, j)] = q;
                     t.values.push(q as f32 * d);
                 }
                 t.d.push(d);
                 t.s.push(d * sum as f32);
+                t.h.push(d * first as f32);
             }
         }
         t
@@ -1857,6 +2303,7 @@ mod tests {
             q: &a.q,
             d: &a.d,
             s: &a.s,
+            h: &a.h,
             layout,
             nbp,
         };
@@ -1896,7 +2343,7 @@ mod tests {
         // 20 (4 blocks), 22 and 24 (6 and 8 blocks, 2 lanes each), 26, 28 and 30 (10, 12 and 14
         // blocks, 1 lane each).
         for layout in [Layout::Pairs, Layout::Lanes] {
-            for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+            for fmt in formats(layout) {
                 for (i, nbp) in [2usize, 18, 20, 22, 24, 26, 28, 30, 32, 34, 48, 64]
                     .into_iter()
                     .enumerate()
@@ -1918,18 +2365,19 @@ mod tests {
         // activation at +127 or -127: the largest sums any kernel keeps in 16 or 32 bits
         // (AVX2 holds Q4 products of a whole chunk in 16 bits). Uniform values make the
         // layout irrelevant, so both layouts see the same numbers.
-        for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
-            for layout in [Layout::Pairs, Layout::Lanes] {
+        for layout in [Layout::Pairs, Layout::Lanes] {
+            for fmt in formats(layout) {
                 for nbp in [2usize, 16, 18, 64] {
                     for (byte, sign) in [(0xFFu8, 1i8), (0xFF, -1), (0x00, 1), (0x00, -1)] {
                         let (rows, cols) = (4, 4);
                         let rb = fmt.row_bytes(nbp * BLOCK);
                         let wq = vec![byte; rows * rb];
-                        let wd = vec![f16::from_f32(0.01); rows * nbp];
+                        let wd = vec![f16::from_f32(0.01); rows * nbp * 2];
                         let wm = vec![f16::from_f32(0.0); rows * nbp];
                         let aq = vec![127 * sign; cols * nbp * BLOCK];
                         let ad = vec![0.01f32; cols * nbp];
                         let as_ = vec![0.01 * 127.0 * BLOCK as f32 * sign as f32; cols * nbp];
+                        let ah: Vec<f32> = as_.iter().map(|s| s / 2.0).collect();
                         let w = WeightRows {
                             q: &wq,
                             d: &wd,
@@ -1944,6 +2392,7 @@ mod tests {
                             q: &aq,
                             d: &ad,
                             s: &as_,
+                            h: &ah,
                             layout,
                             nbp,
                         };
@@ -1969,7 +2418,7 @@ mod tests {
     fn a_token_gets_the_same_bits_alone_or_in_a_tile_of_four() {
         let mut rng = StdRng::seed_from_u64(77);
         for layout in [Layout::Pairs, Layout::Lanes] {
-            for fmt in [Format::Q8_0, Format::Q4_1] {
+            for fmt in formats(layout) {
                 for nbp in [18usize, 64] {
                     let w = weights(fmt, layout, 4, nbp, &mut rng);
                     let a = acts(layout, 4, nbp, &mut rng);
@@ -1989,6 +2438,7 @@ mod tests {
                         q: &a.q[c * kp..(c + n) * kp],
                         d: &a.d[c * nbp..(c + n) * nbp],
                         s: &a.s[c * nbp..(c + n) * nbp],
+                        h: &a.h[c * nbp..(c + n) * nbp],
                         layout,
                         nbp,
                     };
@@ -2024,24 +2474,58 @@ mod tests {
     #[test]
     fn matrices_place_every_value_once_with_tiles_interleaved() {
         for layout in [Layout::Pairs, Layout::Lanes] {
-            for fmt in [Format::Q8_0, Format::Q4_1] {
-                for nbp in [2usize, 18, 22, 32, 34] {
+            for fmt in formats(layout) {
+                for nbp in [2usize, 18, 22, 32, 34, 38, 40] {
                     for rows in 1..=9 {
                         let rb = fmt.row_bytes(nbp * BLOCK);
+                        // The bits of each byte that some value uses, which no two share.
                         let mut seen = vec![0u8; rows * rb];
-                        let mut scales = vec![0u8; rows * nbp];
+                        let mut scales = vec![0u8; rows * nbp * fmt.scales_per_block(layout)];
+                        let what = format!("{layout:?} {fmt:?} nbp={nbp} rows={rows}");
+                        let mut mark = |at: usize, bits: u8| {
+                            assert_eq!(seen[at] & bits, 0, "{what}: byte {at} shared");
+                            seen[at] |= bits;
+                        };
                         for r in 0..rows {
                             for b in 0..nbp {
-                                scales[scale_index(layout, nbp, rows, r, b)] += 1;
+                                scales[scale_index(fmt, layout, nbp, rows, r, b)] += 1;
+                                let (second, in_d) = second_index(fmt, layout, nbp, rows, r, b);
+                                if in_d {
+                                    scales[second] += 1;
+                                }
                                 for j in 0..BLOCK {
-                                    let (at, shift) = weight_index(fmt, layout, nbp, rows, r, b, j);
-                                    seen[at] += 1 << (shift / 4);
+                                    match fmt {
+                                        Format::Q6 => {
+                                            let [(lo, ls), (hi, hs)] = q6_index(nbp, rows, r, b, j);
+                                            mark(lo, 0x0F << ls);
+                                            mark(hi, 0x03 << hs);
+                                        }
+                                        Format::Q8_0 => mark(
+                                            weight_index(fmt, layout, nbp, rows, r, b, j).0,
+                                            0xFF,
+                                        ),
+                                        _ => {
+                                            let (at, shift) =
+                                                weight_index(fmt, layout, nbp, rows, r, b, j);
+                                            mark(at, 0x0F << shift);
+                                        }
+                                    }
                                 }
                             }
                         }
-                        let full = if fmt == Format::Q8_0 { 1 } else { 3 };
-                        let what = format!("{layout:?} {fmt:?} nbp={nbp} rows={rows}");
-                        assert!(seen.iter().all(|&n| n == full), "{what}: values");
+                        // Every bit is used, except the top half of the high-bit bytes of a
+                        // Q6 last chunk of at most 4 blocks (their 2 value steps).
+                        let used: u32 = seen.iter().map(|b| b.count_ones()).sum();
+                        let bits = match fmt {
+                            Format::Q8_0 => 8,
+                            Format::Q6 => 6,
+                            _ => 4,
+                        };
+                        assert_eq!(used as usize, rows * nbp * BLOCK * bits, "{what}: bits");
+                        let tail = nbp % LANES;
+                        if fmt != Format::Q6 || !(1..=4).contains(&tail) {
+                            assert!(seen.iter().all(|&b| b == 0xFF), "{what}: values");
+                        }
                         assert!(scales.iter().all(|&n| n == 1), "{what}: scales");
                     }
                 }
@@ -2059,9 +2543,18 @@ mod tests {
             weight_index(Format::Q8_0, Layout::Lanes, 32, 6, 5, 0, 0).0,
             4 * 1024 + 64
         );
-        assert_eq!(scale_index(Layout::Lanes, 32, 4, 1, 2), 16 + 2);
-        assert_eq!(scale_index(Layout::Lanes, 32, 4, 0, 17), 4 * 16 + 1);
-        assert_eq!(scale_index(Layout::Pairs, 32, 4, 1, 2), 32 + 2);
+        let (q8, q41, lanes) = (Format::Q8_0, Format::Q4_1, Layout::Lanes);
+        assert_eq!(scale_index(q8, lanes, 32, 4, 1, 2), 16 + 2);
+        assert_eq!(scale_index(q8, lanes, 32, 4, 0, 17), 4 * 16 + 1);
+        assert_eq!(scale_index(q8, Layout::Pairs, 32, 4, 1, 2), 32 + 2);
+        // Q4_1's biases follow each row's 16 scales of a chunk.
+        assert_eq!(scale_index(q41, lanes, 32, 4, 1, 2), 32 + 2);
+        assert_eq!(second_index(q41, lanes, 32, 4, 1, 2), (32 + 16 + 2, true));
+        assert_eq!(scale_index(q41, lanes, 32, 4, 0, 17), 4 * 32 + 1);
+        assert_eq!(
+            second_index(q41, Layout::Pairs, 32, 4, 1, 2),
+            (32 + 2, false)
+        );
     }
 
     /// The rows of a matrix whose last tile of four is short (5 to 7 rows) multiply like
@@ -2070,7 +2563,7 @@ mod tests {
     fn rows_of_a_short_last_tile_multiply_right() {
         let mut rng = StdRng::seed_from_u64(91);
         for layout in [Layout::Pairs, Layout::Lanes] {
-            for fmt in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+            for fmt in formats(layout) {
                 for (rows, nbp) in [(5usize, 18usize), (6, 34), (7, 64)] {
                     let w = weights(fmt, layout, rows, nbp, &mut rng);
                     let a = acts(layout, 1, nbp, &mut rng);
@@ -2089,6 +2582,7 @@ mod tests {
                         q: &a.q,
                         d: &a.d,
                         s: &a.s,
+                        h: &a.h,
                         layout,
                         nbp,
                     };

@@ -1,7 +1,8 @@
 //! A CPU implementation of the llama-shaped family ([`crate::arch::shape`]: llama, smollm3,
-//! qwen2, qwen3, phi3, gemma3) built for speed: weights stay quantised (Q8_0, Q4_0, Q4_1, and Q4_K
-//! repacked as 4-bit blocks of 32 with their own scale and minimum; Q5_0, Q5_1, Q5_K and
-//! Q6_K become Q8_0 in memory) in a layout made for integer SIMD dot products, activations are
+//! qwen2, qwen3, phi3, gemma3) built for speed: weights stay quantised (Q8_0, Q4_0, Q4_1, Q4_K
+//! repacked as 4-bit blocks of 32 with their own scale and minimum, and on the AVX-512 and
+//! AVX2 tiers Q6_K as 6-bit values with an f16 scale per 16; Q5_0, Q5_1, Q5_K, and Q6_K on
+//! the other tiers, become Q8_0 in memory) in a layout made for integer SIMD dot products, activations are
 //! quantised to 8-bit blocks once per matmul input, Q/K/V share one matrix product and
 //! gate/up another, the KV cache is preallocated and written in place, scratch buffers are
 //! reused so a decode step does not allocate (besides the returned logits), and the work of
@@ -44,8 +45,9 @@ const KERNEL_TYPES: [GgmlDType; 4] = [
     GgmlDType::Q4K,
 ];
 
-/// Weight types converted to Q8_0 in memory at load time: the rest of the Q4_K_M and Q5_K_M
-/// mixes, and Q5_0/Q5_1, which llama-quantize puts in those mixes wherever a row is not a
+/// Weight types converted to Q8_0 in memory at load time (Q6_K only where the tier's layout
+/// is [`Layout::Pairs`]: the AVX-512 and AVX2 kernels read it as it is): the rest of the
+/// Q4_K_M and Q5_K_M mixes, and Q5_0/Q5_1, which llama-quantize puts in those mixes wherever a row is not a
 /// multiple of 256 values (most of SmolLM2's and Gemma 3 270M's matrices). Q8_0's step is at
 /// most a quarter of Q6_K's (its 8 bits cover the block's largest value, Q6_K's 6 bits the
 /// same range with finer 16-value scales) and an eighth of Q5_0's over the same 32 values,
@@ -211,7 +213,9 @@ fn load_row_blocks(
     k: usize,
 ) -> Result<Vec<QMatrix>> {
     let mut t = file.tensor(name, &Device::Cpu)?;
-    if CONVERTED_TYPES.contains(&t.dtype()) {
+    // Q6_K has a kernel in the lane layout (AVX-512, AVX2); the other tiers read it as Q8_0.
+    let native = t.dtype() == GgmlDType::Q6K && layout == Layout::Lanes;
+    if CONVERTED_TYPES.contains(&t.dtype()) && !native {
         t = candle_core::quantized::QTensor::quantize(
             &t.dequantize(&Device::Cpu)?,
             GgmlDType::Q8_0,

@@ -9,6 +9,11 @@ use candle_core::quantized::GgmlDType;
 use half::f16;
 
 use super::kernels::{self, ActRows, Format, Isa, Layout, WeightRows, BLOCK};
+
+/// Values in a Q6_K super-block, its bytes, and values per sub-block (one scale each).
+const Q6K_VALUES: usize = 256;
+const Q6K_BYTES: usize = 210;
+const Q6K_SUB: usize = 16;
 use super::ops;
 use super::pool::{Disjoint, Pool};
 
@@ -72,6 +77,10 @@ impl QMatrix {
             GgmlDType::Q4_0 => (Format::Q4_0, BLOCK, 18),
             GgmlDType::Q4_1 => (Format::Q4_1, BLOCK, 20),
             GgmlDType::Q4K => (Format::Q4_1, Q4K_VALUES, Q4K_BYTES),
+            GgmlDType::Q6K if layout == Layout::Lanes => (Format::Q6, Q6K_VALUES, Q6K_BYTES),
+            GgmlDType::Q6K => {
+                return Err("Q6_K weights have a kernel in the lane layout only".into())
+            }
             other => return Err(format!("{other:?} weights have no CPU kernel")),
         };
         if !k.is_multiple_of(block_values) {
@@ -93,8 +102,8 @@ impl QMatrix {
             k,
             nbp,
             q: vec![0; rows * rb],
-            d: vec![f16::ZERO; rows * nbp],
-            m: if fmt == Format::Q4_1 {
+            d: vec![f16::ZERO; rows * nbp * fmt.scales_per_block(layout)],
+            m: if fmt.has_second_scale() && fmt.scales_per_block(layout) == 1 {
                 vec![f16::ZERO; rows * nbp]
             } else {
                 Vec::new()
@@ -103,10 +112,9 @@ impl QMatrix {
         let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
         // One 32-value block at a time: its unsigned values, scale and (Q4_1) minimum.
         let mut put = |r: usize, b: usize, u: &[u8; BLOCK], d: f16, min: Option<f16>| {
-            let at = kernels::scale_index(layout, nbp, rows, r, b);
-            m.d[at] = d;
+            m.d[kernels::scale_index(fmt, layout, nbp, rows, r, b)] = d;
             if let Some(min) = min {
-                m.m[at] = min;
+                m.set_second(r, b, min);
             }
             // Each group of four values is contiguous in either layout.
             for (g, four) in u.chunks_exact(4).enumerate() {
@@ -117,6 +125,15 @@ impl QMatrix {
             }
         };
         let per_row = k / block_values;
+        if fmt == Format::Q6 {
+            for r in 0..rows {
+                for sb in 0..per_row {
+                    let at = (r * per_row + sb) * block_bytes;
+                    m.put_q6k(r, sb, &data[at..at + block_bytes]);
+                }
+            }
+            return Ok(m);
+        }
         for r in 0..rows {
             for sb in 0..per_row {
                 let at = (r * per_row + sb) * block_bytes;
@@ -170,6 +187,57 @@ impl QMatrix {
             }
         }
         Ok(m)
+    }
+
+    /// Places Q6_K super-block `sb` of row `r` (`blk`, 210 bytes) as eight [`Format::Q6`]
+    /// blocks. ggml's block: 128 bytes of low nibbles (`ql`), 64 of top bit pairs (`qh`),
+    /// 16 signed 8-bit sub-block scales, then the f16 super-block scale `d`. Each 128-value
+    /// half `n` reads `ql[64n..]` and `qh[32n..]`: for `l < 32`, values `l`, `l + 32`,
+    /// `l + 64`, `l + 96` are the low nibble of `ql[l]`, of `ql[l + 32]`, the high nibble of
+    /// `ql[l]`, of `ql[l + 32]`, each with bits `0–1`, `2–3`, `4–5`, `6–7` of `qh[l]` on top;
+    /// value `i` of the super-block has scale `d · scales[i / 16]`. The values (`q + 32`,
+    /// 0..64) are kept exactly, each 16-value scale as one f16 (rounding about 2^-11).
+    fn put_q6k(&mut self, r: usize, sb: usize, blk: &[u8]) {
+        let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
+        let d = f16::from_le_bytes([blk[208], blk[209]]).to_f32();
+        let (nbp, rows) = (self.nbp, self.rows);
+        for i in 0..Q6K_VALUES {
+            let (n, rest) = (i / 128, i % 128);
+            let (quarter, l) = (rest / 32, rest % 32);
+            let low_byte = ql[64 * n + l + 32 * (quarter % 2)];
+            let low = if quarter < 2 {
+                low_byte & 0x0F
+            } else {
+                low_byte >> 4
+            };
+            let top = (qh[32 * n + l] >> (2 * quarter)) & 3;
+            let u = low | (top << 4);
+            let (b, j) = (
+                sb * (Q6K_VALUES / BLOCK) + i % Q6K_VALUES / BLOCK,
+                i % BLOCK,
+            );
+            let [(lo, ls), (hi, hs)] = kernels::q6_index(nbp, rows, r, b, j);
+            self.q[lo] |= (u & 0x0F) << ls;
+            self.q[hi] |= (u >> 4) << hs;
+            if j % Q6K_SUB == 0 {
+                let scale = f16::from_f32(d * scales[i / Q6K_SUB] as i8 as f32);
+                if j == 0 {
+                    self.d[kernels::scale_index(self.fmt, self.layout, nbp, rows, r, b)] = scale;
+                } else {
+                    self.set_second(r, b, scale);
+                }
+            }
+        }
+    }
+
+    /// Sets block `b`'s second value (Q4_1's bias, Q6's second scale) of row `r`.
+    fn set_second(&mut self, r: usize, b: usize, v: f16) {
+        let (at, in_d) = kernels::second_index(self.fmt, self.layout, self.nbp, self.rows, r, b);
+        if in_d {
+            self.d[at] = v;
+        } else {
+            self.m[at] = v;
+        }
     }
 
     /// Stacks matrices of the same format, layout and width row-wise; gives them back
@@ -240,7 +308,7 @@ impl QMatrix {
         let (b, j) = (c / BLOCK, c % BLOCK);
         let w = self.whole();
         for (r, o) in out[..self.rows].iter_mut().enumerate() {
-            let (d, m) = w.scale_bias(r, b);
+            let (d, m) = w.value_scale_bias(r, b, j);
             *o = d * w.value(r, b, j) as f32 + m;
         }
     }
@@ -249,8 +317,8 @@ impl QMatrix {
     pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let w = self.view(r, 1);
         for (b, chunk) in out[..self.k].chunks_mut(BLOCK).enumerate() {
-            let (d, m) = w.scale_bias(0, b);
             for (j, o) in chunk.iter_mut().enumerate() {
+                let (d, m) = w.value_scale_bias(0, b, j);
                 *o = d * w.value(0, b, j) as f32 + m;
             }
         }
@@ -266,6 +334,7 @@ pub(crate) struct QActs {
     q: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    h: Vec<f32>,
 }
 
 impl QActs {
@@ -279,6 +348,7 @@ impl QActs {
             q: Vec::new(),
             d: Vec::new(),
             s: Vec::new(),
+            h: Vec::new(),
         }
     }
 
@@ -289,6 +359,7 @@ impl QActs {
             self.q.resize(tokens * nbp * BLOCK, 0);
             self.d.resize(tokens * nbp, 0.0);
             self.s.resize(tokens * nbp, 0.0);
+            self.h.resize(tokens * nbp, 0.0);
         }
     }
 
@@ -298,24 +369,26 @@ impl QActs {
             q: &self.q[c0 * nbp * BLOCK..(c0 + n) * nbp * BLOCK],
             d: &self.d[c0 * nbp..(c0 + n) * nbp],
             s: &self.s[c0 * nbp..(c0 + n) * nbp],
+            h: &self.h[c0 * nbp..(c0 + n) * nbp],
             layout: self.layout,
             nbp,
         }
     }
 }
 
+/// One activation row's block slices: values, scales, and the scaled sums of each block
+/// and of its first half.
+struct RowOut<'a> {
+    q: &'a mut [i8],
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+    h: &'a mut [f32],
+}
+
 /// Quantises one row (`x` of `k` values, times `gain` and the optional per-value `weight`)
 /// into its block slices, arranged as `layout`.
-#[allow(clippy::too_many_arguments)]
-fn quantize_row(
-    x: &[f32],
-    gain: f32,
-    weight: Option<&[f32]>,
-    layout: Layout,
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-) {
+fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, layout: Layout, out: RowOut<'_>) {
+    let RowOut { q, d, s, h } = out;
     let nb = x.len() / BLOCK;
     let nbp = d.len();
     let mut lane_block = [0i8; BLOCK];
@@ -332,6 +405,7 @@ fn quantize_row(
             }
             d[b] = 0.0;
             s[b] = 0.0;
+            h[b] = 0.0;
             continue;
         }
         let mut v = [0f32; BLOCK];
@@ -348,15 +422,18 @@ fn quantize_row(
         let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-        let mut sum = 0i32;
+        let (mut sum, mut first) = (0i32, 0i32);
         let block = match layout {
             Layout::Pairs => &mut q[b * BLOCK..(b + 1) * BLOCK],
             Layout::Lanes => &mut lane_block[..],
         };
-        for (o, &x) in block.iter_mut().zip(&v) {
+        for (j, (o, &x)) in block.iter_mut().zip(&v).enumerate() {
             // Ties to even, like ggml's SIMD quantisers; it vectorises, unlike `round`.
             let r = (x * inv).round_ties_even() as i8;
             sum += r as i32;
+            if j < BLOCK / 2 {
+                first += r as i32;
+            }
             *o = r;
         }
         if layout == Layout::Lanes {
@@ -370,6 +447,7 @@ fn quantize_row(
         let scale = f16::from_f32(scale).to_f32();
         d[b] = scale;
         s[b] = scale * sum as f32;
+        h[b] = scale * first as f32;
     }
 }
 
@@ -386,42 +464,49 @@ pub(crate) fn quantize(
     let (k, layout) = (acts.k, acts.layout);
     acts.reserve(seq);
     let nbp = acts.nbp;
-    let row = |c: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32]| {
+    let row = |c: usize, out: RowOut<'_>| {
         let xr = &x[c * k..(c + 1) * k];
         let (gain, w) = match norm {
             Some((w, eps)) => (ops::rms_gain(xr, eps), Some(w)),
             None => (1.0, None),
         };
-        quantize_row(xr, gain, w, layout, q, d, s);
+        quantize_row(xr, gain, w, layout, out);
     };
     let threads = pool.threads();
     if seq < 4 * threads {
         for c in 0..seq {
             row(
                 c,
-                &mut acts.q[c * nbp * BLOCK..(c + 1) * nbp * BLOCK],
-                &mut acts.d[c * nbp..(c + 1) * nbp],
-                &mut acts.s[c * nbp..(c + 1) * nbp],
+                RowOut {
+                    q: &mut acts.q[c * nbp * BLOCK..(c + 1) * nbp * BLOCK],
+                    d: &mut acts.d[c * nbp..(c + 1) * nbp],
+                    s: &mut acts.s[c * nbp..(c + 1) * nbp],
+                    h: &mut acts.h[c * nbp..(c + 1) * nbp],
+                },
             );
         }
         return;
     }
-    let (q, d, s) = (
+    let (q, d, s, h) = (
         Disjoint::new(&mut acts.q),
         Disjoint::new(&mut acts.d),
         Disjoint::new(&mut acts.s),
+        Disjoint::new(&mut acts.h),
     );
     const TOKENS: usize = 8;
     pool.run(seq.div_ceil(TOKENS), &|_, chunk| {
         for c in chunk * TOKENS..(chunk * TOKENS + TOKENS).min(seq) {
             // SAFETY: every chunk (hence token row c) is handed to one thread only, and row
-            // c owns exactly these sub-ranges of the three buffers.
+            // c owns exactly these sub-ranges of the four buffers.
             unsafe {
                 row(
                     c,
-                    q.part(c * nbp * BLOCK, nbp * BLOCK),
-                    d.part(c * nbp, nbp),
-                    s.part(c * nbp, nbp),
+                    RowOut {
+                        q: q.part(c * nbp * BLOCK, nbp * BLOCK),
+                        d: d.part(c * nbp, nbp),
+                        s: s.part(c * nbp, nbp),
+                        h: h.part(c * nbp, nbp),
+                    },
                 )
             }
         }
@@ -433,10 +518,10 @@ pub(crate) fn quantize(
 /// range's weights.
 const ACT_BLOCK_BYTES: usize = 512 << 10;
 
-/// Tokens per block of [`for_tiles`] for rows of `k` values (8-bit values plus two f32 per
+/// Tokens per block of [`for_tiles`] for rows of `k` values (8-bit values plus three f32 per
 /// 32 of them): a multiple of 4, at least 4.
 fn tokens_per_block(k: usize) -> usize {
-    let row = k + k / BLOCK * 8;
+    let row = k + k / BLOCK * 12;
     (ACT_BLOCK_BYTES / row.max(1)).max(4) / 4 * 4
 }
 
@@ -735,7 +820,7 @@ mod tests {
             let b = tokens_per_block(k);
             assert!(b >= 4 && b.is_multiple_of(4), "k={k}: {b}");
             assert!(
-                b == 4 || b * (k + k / BLOCK * 8) <= ACT_BLOCK_BYTES,
+                b == 4 || b * (k + k / BLOCK * 12) <= ACT_BLOCK_BYTES,
                 "k={k}: {b}"
             );
         }
@@ -789,6 +874,96 @@ mod k_quant_tests {
                         (a - b).abs() <= 2e-3 * (1.0 + b.abs()),
                         "{layout:?} row {r}: {a} vs {b}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Q6_K repacked as six-bit values with one f16 scale per 16 values reads back as
+    /// ggml's dequantisation, up to the f16 rounding of `d · scale` (at most 2^-11 of it),
+    /// in every row and column; the pair layout has no Q6 kernel and says so.
+    #[test]
+    fn q6_k_keeps_its_values_and_rounds_only_the_scales() {
+        // 1280 values: 40 blocks a row, so a last chunk of 8 blocks (2 lanes each).
+        for (rows, k) in [(9usize, 256usize), (5, 1280), (4, 4096)] {
+            let mut rng = StdRng::seed_from_u64(k as u64);
+            let values: Vec<f32> = (0..rows * k).map(|_| rng.gen_range(-1f32..1.0)).collect();
+            let t = Tensor::from_vec(values, (rows, k), &Device::Cpu).expect("tensor");
+            let q = QTensor::quantize(&t, GgmlDType::Q6K).expect("q6k");
+            let reference = q
+                .dequantize(&Device::Cpu)
+                .expect("dequantize")
+                .to_vec2::<f32>()
+                .expect("values");
+            let data = q.data().expect("data");
+            let err = QMatrix::from_ggml(GgmlDType::Q6K, rows, k, &data, Layout::Pairs);
+            assert!(err.is_err_and(|e| e.contains("lane layout")));
+            let m =
+                QMatrix::from_ggml(GgmlDType::Q6K, rows, k, &data, Layout::Lanes).expect("repack");
+            assert_eq!(m.format(), Format::Q6);
+            assert_eq!(
+                m.bytes(),
+                rows * k / 32 * 28,
+                "six bits and two f16 per 32 values"
+            );
+            let mut row = vec![0f32; k];
+            for (r, want) in reference.iter().enumerate() {
+                m.dequantize_row(r, &mut row);
+                for (a, b) in row.iter().zip(want) {
+                    assert!(
+                        (a - b).abs() <= 1e-3 * b.abs() + 1e-6,
+                        "k={k} row {r}: {a} vs {b}"
+                    );
+                }
+            }
+            let mut col = vec![0f32; rows];
+            for c in [0, 15, 16, 31, 255, k - 1] {
+                m.column(c, &mut col);
+                for r in 0..rows {
+                    let b = reference[r][c];
+                    assert!((col[r] - b).abs() <= 1e-3 * b.abs() + 1e-6, "column {c}");
+                }
+            }
+        }
+    }
+
+    /// Q6 matrices multiply like their dequantised values on every tier, one token and a
+    /// batch (the pool's path of quantising), rows in tiles of four and alone.
+    #[test]
+    fn q6_k_matmul_matches_f32_reference() {
+        let pool = Pool::new(2).expect("pool");
+        let mut rng = StdRng::seed_from_u64(5);
+        for (rows, k, seq) in [(70usize, 256usize, 1usize), (33, 1280, 9), (20, 2048, 16)] {
+            let values: Vec<f32> = (0..rows * k).map(|_| rng.gen_range(-1f32..1.0)).collect();
+            let t = Tensor::from_vec(values, (rows, k), &Device::Cpu).expect("tensor");
+            let q = QTensor::quantize(&t, GgmlDType::Q6K).expect("q6k");
+            let w = QMatrix::from_ggml(
+                GgmlDType::Q6K,
+                rows,
+                k,
+                &q.data().expect("data"),
+                Layout::Lanes,
+            )
+            .expect("repack");
+            let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
+            let mut acts = QActs::new(k, Layout::Lanes);
+            quantize(&pool, &x, seq, None, &mut acts);
+            for isa in Isa::available() {
+                let mut out = vec![0f32; seq * rows];
+                matmul(&pool, isa, &w, &acts, seq, &mut out, rows, Epilogue::Store);
+                let mut wrow = vec![0f32; k];
+                for r in 0..rows {
+                    w.dequantize_row(r, &mut wrow);
+                    for c in 0..seq {
+                        let xr = &x[c * k..(c + 1) * k];
+                        let exact: f32 = wrow.iter().zip(xr).map(|(a, b)| a * b).sum();
+                        let mag: f32 = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                        let got = out[c * rows + r];
+                        assert!(
+                            (got - exact).abs() <= 0.01 * mag + 1e-4,
+                            "{isa:?} {rows}x{k} token {c} row {r}: {got} vs {exact}"
+                        );
+                    }
                 }
             }
         }
