@@ -201,7 +201,8 @@ impl QMatrix {
         let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
         let d = f16::from_le_bytes([blk[208], blk[209]]).to_f32();
         let (nbp, rows) = (self.nbp, self.rows);
-        for i in 0..Q6K_VALUES {
+        // The value `q + 32` of element `i` of the super-block.
+        let value = |i: usize| {
             let (n, rest) = (i / 128, i % 128);
             let (quarter, l) = (rest / 32, rest % 32);
             let low_byte = ql[64 * n + l + 32 * (quarter % 2)];
@@ -210,23 +211,25 @@ impl QMatrix {
             } else {
                 low_byte >> 4
             };
-            let top = (qh[32 * n + l] >> (2 * quarter)) & 3;
-            let u = low | (top << 4);
-            let (b, j) = (
-                sb * (Q6K_VALUES / BLOCK) + i % Q6K_VALUES / BLOCK,
-                i % BLOCK,
-            );
-            let [(lo, ls), (hi, hs)] = kernels::q6_index(nbp, rows, r, b, j);
-            self.q[lo] |= (u & 0x0F) << ls;
-            self.q[hi] |= (u >> 4) << hs;
-            if j % Q6K_SUB == 0 {
-                let scale = f16::from_f32(d * scales[i / Q6K_SUB] as i8 as f32);
-                if j == 0 {
-                    self.d[kernels::scale_index(self.fmt, self.layout, nbp, rows, r, b)] = scale;
-                } else {
-                    self.set_second(r, b, scale);
+            low | (((qh[32 * n + l] >> (2 * quarter)) & 3) << 4)
+        };
+        for sub in 0..Q6K_VALUES / BLOCK {
+            let b = sb * (Q6K_VALUES / BLOCK) + sub;
+            // Each group of four values lies in four consecutive bytes (of its nibble step
+            // and of its high step), so one place serves the four.
+            for g in 0..BLOCK / 4 {
+                let [(lo, ls), (hi, hs)] = kernels::q6_index(nbp, rows, r, b, 4 * g);
+                for v in 0..4 {
+                    let u = value(sub * BLOCK + 4 * g + v);
+                    self.q[lo + v] |= (u & 0x0F) << ls;
+                    self.q[hi + v] |= (u >> 4) << hs;
                 }
             }
+            let scale = |half: usize| {
+                f16::from_f32(d * scales[(sub * BLOCK + half * Q6K_SUB) / Q6K_SUB] as i8 as f32)
+            };
+            self.d[kernels::scale_index(self.fmt, self.layout, nbp, rows, r, b)] = scale(0);
+            self.set_second(r, b, scale(1));
         }
     }
 
