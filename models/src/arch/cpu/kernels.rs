@@ -1757,6 +1757,55 @@ mod x86 {
         // of the weights or row c0 + c of the activations.
         unsafe {
             let ones = _mm256_set1_epi16(1);
+            if F == Q6 && steps == 8 {
+                // A whole chunk, unrolled with the shifts as immediates: nibble step 3p + k
+                // holds value steps 4p + 2k and 4p + 2k + 1, step 3p + 2 their top bits. Two
+                // `vpmaddubsw` lanes (at most 2·63·127 each) still fit 16 bits, so the pair
+                // of value steps is widened to 32 bits once.
+                let (low, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+                for k in 0..2 {
+                    let t = 4 * part + 2 * k;
+                    let off = ch.start * BLOCK + t * step + 32 * h;
+                    let mut av = [[_mm256_setzero_si256(); 2]; N];
+                    for c in 0..N {
+                        let p = aq.add((c0 + c) * kp + off);
+                        av[c] = [
+                            load_lanes(p, used, mask),
+                            load_lanes(p.add(step), used, mask),
+                        ];
+                    }
+                    let mut x = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        x[r] = load_lanes(wp[r].add(stride * (3 * part + k)), used, mask);
+                    }
+                    for r in 0..R {
+                        let hb = load_lanes(wp[r].add(stride * (3 * part + 2)), used, mask);
+                        // Bits 4k..4k + 4 of `hb` moved to bits 4..6 (16-bit shifts: what
+                        // crosses a byte is masked off).
+                        let (top0, top1) = if k == 0 {
+                            (_mm256_slli_epi16::<4>(hb), _mm256_slli_epi16::<2>(hb))
+                        } else {
+                            (hb, _mm256_srli_epi16::<2>(hb))
+                        };
+                        let u0 = _mm256_or_si256(
+                            _mm256_and_si256(x[r], low),
+                            _mm256_and_si256(top0, m30),
+                        );
+                        let u1 = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(x[r]), low),
+                            _mm256_and_si256(top1, m30),
+                        );
+                        for c in 0..N {
+                            let p = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(u0, av[c][0]),
+                                _mm256_maddubs_epi16(u1, av[c][1]),
+                            );
+                            dot[c][r] = _mm256_add_epi32(dot[c][r], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+                return dot;
+            }
             if F == Q6 {
                 // Six-bit values: a `vpmaddubsw` lane is at most 2·63·127, so products are
                 // widened to 32 bits after every step. The nibble and high-bit steps are
