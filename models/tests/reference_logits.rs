@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 use sha2::{Digest, Sha256};
-use starling_models::arch::cpu::CpuLlama;
+use starling_models::arch::cpu::{CpuLlama, Q6kPath};
 use starling_models::arch::llama::Llama;
 use starling_models::arch::Transformer;
 use starling_models::gguf::GgufFile;
@@ -146,7 +146,9 @@ fn llama_shaped_architectures_match_llama_cpp_logits_and_tokens() {
         assert_eq!(tokens, fx.tokens, "{name}: tokens differ from llama.cpp's");
         let eval = &fx.tokens[..fx.n_eval];
 
-        let mut cpu = CpuLlama::load(&file, 64, 1).expect("cpu load");
+        // The k-quant file is small, so `auto` would read its Q6_K as Q8_0: ask for the
+        // Q6_K kernel (used where the tier has one).
+        let mut cpu = CpuLlama::load_with(&file, 64, 1, Q6kPath::Kernel).expect("cpu load");
         let mut candle = Llama::load(&file, &Device::Cpu, 64).expect("candle load");
         for (backend, model) in [
             ("cpu", &mut cpu as &mut dyn Transformer),

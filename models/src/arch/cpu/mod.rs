@@ -1,10 +1,10 @@
 //! A CPU implementation of the llama-shaped family ([`crate::arch::shape`]: llama, smollm3,
 //! qwen2, qwen3, phi3, gemma3) built for speed: weights stay quantised (Q8_0, Q4_0, Q4_1, Q4_K
 //! repacked as 4-bit blocks of 32 with their own scale and minimum, and on the AVX-512 and
-//! AVX2 tiers Q6_K as 6-bit values with an f16 scale per 16; Q5_0, Q5_1, Q5_K, and Q6_K on
-//! the other tiers, become Q8_0 in memory) in a layout made for integer SIMD dot products, activations are
-//! quantised to 8-bit blocks once per matmul input, Q/K/V share one matrix product and
-//! gate/up another, the KV cache is preallocated and written in place, scratch buffers are
+//! AVX2 tiers the Q6_K of 1B-class files as 6-bit values with an f16 scale per 16; Q5_0,
+//! Q5_1, Q5_K and the other Q6_K become Q8_0 in memory) in a layout made for integer SIMD
+//! dot products, activations are quantised to 8-bit blocks once per matmul input, Q/K/V
+//! share one matrix product and gate/up another, the KV cache is preallocated and written in place, scratch buffers are
 //! reused so a decode step does not allocate (besides the returned logits), and the work of
 //! every matmul is split over a persistent pool of spinning worker threads.
 //!
@@ -192,29 +192,109 @@ fn layer_bytes(layers: &[Layer]) -> usize {
         .sum()
 }
 
+/// Files whose tensors hold at least this many bytes keep their Q6_K matrices as they are
+/// on the tiers with a Q6_K kernel; smaller ones have them converted to Q8_0. Decode of a
+/// 1B-class file is bound by memory bandwidth, and six bits a weight read fewer bytes; a
+/// small model's decode is bound by arithmetic, and unpacking six bits costs more than
+/// reading eight. Measured on an AMD EPYC (2 threads, `cpu_bench`, same-run A/B, decode
+/// tok/s, Q8_0 conversion → Q6_K kernel), AVX-512 / AVX2 tier: SmolLM2-135M Q4_K_M (128 MiB)
+/// 132 → 125 / 133 → 112; Gemma 3 270M Q4_K_M (260 MiB) 101 → 103 / 92 → 82; Llama 3.2 1B
+/// shape Q4_K_M (0.8 GB) 32.5 → 35.6 / 26.0 → 28.1; Qwen2.5 1.5B shape Q4_K_M (1.0 GB)
+/// 26.9 → 28.6 / 20.1 → 22.8 (benches/RESULTS.md).
+const Q6K_NATIVE_MIN_BYTES: u64 = 512 << 20;
+
+/// Environment variable that chooses how Q6_K matrices are read on the tiers with a Q6_K
+/// kernel: `kernel` (as they are), `q8_0` (converted), or unset / `auto` (by the file's
+/// size, see [`Q6K_NATIVE_MIN_BYTES`]); for measuring both paths on one file. An unknown
+/// value is ignored with a warning.
+pub const Q6K_ENV: &str = "STARLING_Q6K";
+
+/// How Q6_K matrices are read where the tier has a Q6_K kernel (AVX-512, AVX2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Q6kPath {
+    /// By the file's size: the kernel for files of at least [`Q6K_NATIVE_MIN_BYTES`].
+    #[default]
+    Auto,
+    /// The Q6_K kernel.
+    Kernel,
+    /// Converted to Q8_0 at load.
+    Q8_0,
+}
+
+impl Q6kPath {
+    /// The path [`Q6K_ENV`] asks for (`Auto` when unset or unknown, with a warning).
+    pub fn from_env() -> Self {
+        match std::env::var(Q6K_ENV).ok().as_deref() {
+            None | Some("") | Some("auto") => Self::Auto,
+            Some("kernel") => Self::Kernel,
+            Some("q8_0") => Self::Q8_0,
+            Some(other) => {
+                tracing::warn!("{Q6K_ENV}={other} is not one of auto, kernel, q8_0; using auto");
+                Self::Auto
+            }
+        }
+    }
+}
+
+/// How weights are arranged at load: the tier's layout, and whether Q6_K stays Q6_K.
+#[derive(Clone, Copy, Debug)]
+struct Packing {
+    layout: Layout,
+    q6k: bool,
+}
+
+impl Packing {
+    /// The packing for `file` on a tier reading `layout`.
+    fn for_file(file: &GgufFile, layout: Layout, path: Q6kPath) -> Self {
+        let bytes: u64 = file
+            .content()
+            .tensor_infos
+            .values()
+            .map(crate::gguf::tensor_bytes)
+            .sum();
+        let q6k = layout == Layout::Lanes
+            && match path {
+                Q6kPath::Auto => bytes >= Q6K_NATIVE_MIN_BYTES,
+                Q6kPath::Kernel => true,
+                Q6kPath::Q8_0 => false,
+            };
+        tracing::debug!(
+            tensor_mib = bytes >> 20,
+            q6k_kernel = q6k,
+            ?path,
+            "Q6_K matrices {} (auto: the Q6_K kernel for files of at least {} MiB on lane-layout tiers)",
+            if q6k { "kept as they are" } else { "converted to Q8_0 if any" },
+            Q6K_NATIVE_MIN_BYTES >> 20
+        );
+        Self { layout, q6k }
+    }
+}
+
 /// Reads a 2-D weight into the kernels' layout, checking its shape.
 fn load_matrix(
     file: &GgufFile,
-    layout: Layout,
+    pack: Packing,
     name: &str,
     rows: usize,
     k: usize,
 ) -> Result<QMatrix> {
-    Ok(load_row_blocks(file, layout, name, &[rows], k)?.remove(0))
+    Ok(load_row_blocks(file, pack, name, &[rows], k)?.remove(0))
 }
 
 /// Reads a 2-D weight whose rows are several matrices one after another (phi3's gate-then-up
 /// `ffn_up`) as one matrix per entry of `rows`, checking the total shape.
 fn load_row_blocks(
     file: &GgufFile,
-    layout: Layout,
+    pack: Packing,
     name: &str,
     rows: &[usize],
     k: usize,
 ) -> Result<Vec<QMatrix>> {
     let mut t = file.tensor(name, &Device::Cpu)?;
-    // Q6_K has a kernel in the lane layout (AVX-512, AVX2); the other tiers read it as Q8_0.
-    let native = t.dtype() == GgmlDType::Q6K && layout == Layout::Lanes;
+    // Q6_K has a kernel in the lane layout (AVX-512, AVX2), used for large files (see
+    // `Q6K_NATIVE_MIN_BYTES`); otherwise it is read as Q8_0.
+    let native = t.dtype() == GgmlDType::Q6K && pack.q6k;
+    let layout = pack.layout;
     if CONVERTED_TYPES.contains(&t.dtype()) && !native {
         t = candle_core::quantized::QTensor::quantize(
             &t.dequantize(&Device::Cpu)?,
@@ -260,6 +340,16 @@ impl CpuLlama {
     /// model's context length), using `threads` threads (0: candle's setting, i.e.
     /// `RAYON_NUM_THREADS` or all cores).
     pub fn load(file: &GgufFile, max_seq_len: usize, threads: usize) -> Result<Self> {
+        Self::load_with(file, max_seq_len, threads, Q6kPath::from_env())
+    }
+
+    /// [`CpuLlama::load`] with the way Q6_K matrices are read given.
+    pub fn load_with(
+        file: &GgufFile,
+        max_seq_len: usize,
+        threads: usize,
+        q6k: Q6kPath,
+    ) -> Result<Self> {
         let ct = file.content();
         let shape = LlamaShape::read(file, max_seq_len)?;
         let (n_kv, n_layer, hidden, ffn, head_dim) = (
@@ -287,6 +377,7 @@ impl CpuLlama {
         }
         // Weights are arranged for the tier's kernels once, at load.
         let layout = Layout::for_isa(isa);
+        let pack = Packing::for_file(file, layout, q6k);
         let max_seq = shape.max_seq;
         let dims = Dims {
             n_head: shape.n_head,
@@ -299,11 +390,11 @@ impl CpuLlama {
             .get("token_embd.weight")
             .ok_or_else(|| tensor_err("token_embd.weight", "missing"))?;
         let vocab = embd_info.shape.dims().first().copied().unwrap_or(0);
-        let embd = load_matrix(file, layout, "token_embd.weight", vocab, hidden)?;
+        let embd = load_matrix(file, pack, "token_embd.weight", vocab, hidden)?;
         let (embeddings, output) = if file.has_tensor("output.weight") {
             (
                 Some(embd),
-                load_matrix(file, layout, "output.weight", vocab, hidden)?,
+                load_matrix(file, pack, "output.weight", vocab, hidden)?,
             )
         } else {
             (None, embd)
@@ -331,16 +422,16 @@ impl CpuLlama {
             let qkv = if shape.fused_qkv {
                 vec![load_matrix(
                     file,
-                    layout,
+                    pack,
                     &name("attn_qkv"),
                     q_width + 2 * kv_width,
                     hidden,
                 )?]
             } else {
                 let parts = vec![
-                    load_matrix(file, layout, &name("attn_q"), q_width, hidden)?,
-                    load_matrix(file, layout, &name("attn_k"), kv_width, hidden)?,
-                    load_matrix(file, layout, &name("attn_v"), kv_width, hidden)?,
+                    load_matrix(file, pack, &name("attn_q"), q_width, hidden)?,
+                    load_matrix(file, pack, &name("attn_k"), kv_width, hidden)?,
+                    load_matrix(file, pack, &name("attn_v"), kv_width, hidden)?,
                 ];
                 // One matrix when the three share a format, so Q, K and V cost one product.
                 match QMatrix::concat(parts) {
@@ -349,7 +440,7 @@ impl CpuLlama {
                 }
             };
             let (gate, up) = if shape.fused_gate_up {
-                let mut gu = load_row_blocks(file, layout, &name("ffn_up"), &[ffn, ffn], hidden)?;
+                let mut gu = load_row_blocks(file, pack, &name("ffn_up"), &[ffn, ffn], hidden)?;
                 let up = gu
                     .pop()
                     .ok_or_else(|| tensor_err(&name("ffn_up"), "empty"))?;
@@ -359,8 +450,8 @@ impl CpuLlama {
                 (gate, up)
             } else {
                 (
-                    load_matrix(file, layout, &name("ffn_gate"), ffn, hidden)?,
-                    load_matrix(file, layout, &name("ffn_up"), ffn, hidden)?,
+                    load_matrix(file, pack, &name("ffn_gate"), ffn, hidden)?,
+                    load_matrix(file, pack, &name("ffn_up"), ffn, hidden)?,
                 )
             };
             let post_norm = |s: &str| -> Result<Option<Vec<f32>>> {
@@ -378,11 +469,11 @@ impl CpuLlama {
                 qkv_bias,
                 qk_norm,
                 rotates: shape.rotates(i),
-                wo: load_matrix(file, layout, &name("attn_output"), hidden, q_width)?,
+                wo: load_matrix(file, pack, &name("attn_output"), hidden, q_width)?,
                 ffn_norm: load_vector(file, &name("ffn_norm"), hidden)?,
                 gate,
                 up,
-                down: load_matrix(file, layout, &name("ffn_down"), hidden, ffn)?,
+                down: load_matrix(file, pack, &name("ffn_down"), hidden, ffn)?,
             });
         }
         let threads = if threads == 0 {

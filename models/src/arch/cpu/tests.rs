@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::Device;
 
-use super::CpuLlama;
+use super::{CpuLlama, Q6kPath};
 use crate::arch::gemma3::Gemma3;
 use crate::arch::llama::Llama;
 use crate::arch::Transformer;
@@ -201,7 +201,8 @@ fn check_against_candle(path: &Path, exact: &Path) {
             .unwrap_or_default(),
         exact: candle_impl(&GgufFile::open(exact).expect("open f32 copy"), 256),
         candle: candle_impl(&file, 256),
-        cpu: CpuLlama::load(&file, 256, 2).expect("cpu load"),
+        // Q6_K through its kernel (where the tier has one) whatever the file's size.
+        cpu: CpuLlama::load_with(&file, 256, 2, Q6kPath::Kernel).expect("cpu load"),
         error: (0.0, 0.0),
         steps: 0,
     };
@@ -291,7 +292,7 @@ fn gemma3_sliding_window_matches_exact() {
     let ids: Vec<u32> = base.iter().copied().cycle().take(600).collect();
     let mut exact = candle_impl(&GgufFile::open(&exact_path).expect("open f32"), 700);
     let mut candle = candle_impl(&file, 700);
-    let mut cpu = CpuLlama::load(&file, 700, 2).expect("cpu load");
+    let mut cpu = CpuLlama::load_with(&file, 700, 2, Q6kPath::Kernel).expect("cpu load");
     let mut tokens = ids;
     for i in 0..4 {
         let e = exact.forward(&tokens).expect("exact forward");
