@@ -365,3 +365,32 @@ fn a_cpu_without_a_simd_tier_is_left_to_candle() {
         }
     }
 }
+
+/// A small file reads its Q6_K matrices as Q8_0 unless the kernel is asked for, which the
+/// lane-layout tiers then use (the tiny k-quant file's token embeddings, also its output,
+/// are Q6_K); the other tiers convert either way.
+#[test]
+fn q6_k_takes_the_kernel_only_for_large_files_or_when_asked() {
+    use super::kernels::{Format, Isa, Layout};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kquants.gguf");
+    crate::testing::write_tiny(
+        &path,
+        crate::testing::TinyArch::KQuants,
+        GgmlDType::Q8_0,
+        64,
+    );
+    let file = GgufFile::open(&path).expect("open");
+    let lanes = Layout::for_isa(Isa::detect()) == Layout::Lanes;
+    for (path, want) in [
+        (Q6kPath::Auto, Format::Q8_0),
+        (Q6kPath::Q8_0, Format::Q8_0),
+        (
+            Q6kPath::Kernel,
+            if lanes { Format::Q6 } else { Format::Q8_0 },
+        ),
+    ] {
+        let cpu = CpuLlama::load_with(&file, 8, 1, path).expect("cpu load");
+        assert_eq!(cpu.output.format(), want, "{path:?}");
+    }
+}
