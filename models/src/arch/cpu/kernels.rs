@@ -1923,29 +1923,32 @@ mod x86 {
                     ]
                 }
             };
-            // Scales (spread over the lanes) and biases (in block order) of each row; for
-            // Q6, of each half of its blocks (`1` holds the second halves').
-            let mut dw = [[[_mm256_setzero_ps(); 2]; R]; 2];
-            let mut m = [[[_mm256_setzero_ps(); 2]; R]; 2];
+            // Scales (spread over the lanes) and biases (in block order) of each row; Q6's
+            // second halves have their own (`dw1`, `m1`, and the activation sums `sa1`).
+            let mut dw = [[_mm256_setzero_ps(); 2]; R];
+            let mut m = [[_mm256_setzero_ps(); 2]; R];
+            let mut dw1 = [[_mm256_setzero_ps(); 2]; R];
+            let mut m1 = [[_mm256_setzero_ps(); 2]; R];
             let k = _mm256_set1_ps(-offset(F));
             for r in 0..R {
                 let sc = at[r].chunk_scales(ch);
                 let d = f16s(w.d.as_ptr().add(sc), n);
-                dw[0][r] = spread(d);
+                dw[r] = spread(d);
                 if F == Q41 {
-                    m[0][r] = f16s(w.d.as_ptr().add(sc + n), n);
+                    m[r] = f16s(w.d.as_ptr().add(sc + n), n);
                 } else if F != Q8 {
-                    m[0][r] = [_mm256_mul_ps(d[0], k), _mm256_mul_ps(d[1], k)];
+                    m[r] = [_mm256_mul_ps(d[0], k), _mm256_mul_ps(d[1], k)];
                 }
                 if F == Q6 {
                     let d1 = f16s(w.d.as_ptr().add(sc + n), n);
-                    dw[1][r] = spread(d1);
-                    m[1][r] = [_mm256_mul_ps(d1[0], k), _mm256_mul_ps(d1[1], k)];
+                    dw1[r] = spread(d1);
+                    m1[r] = [_mm256_mul_ps(d1[0], k), _mm256_mul_ps(d1[1], k)];
                 }
             }
             let mut da = [[_mm256_setzero_ps(); 2]; N];
             // Activation sums the biases go with: of whole blocks, or of Q6's halves.
-            let mut sa = [[[_mm256_setzero_ps(); 2]; N]; 2];
+            let mut sa = [[_mm256_setzero_ps(); 2]; N];
+            let mut sa1 = [[_mm256_setzero_ps(); 2]; N];
             for c in 0..N {
                 let row = (c0 + c) * nbp + ch.start;
                 da[c] = spread(f32s(a.d.as_ptr().add(row), n));
@@ -1954,10 +1957,10 @@ mod x86 {
                         f32s(a.s.as_ptr().add(row), n),
                         f32s(a.h.as_ptr().add(row), n),
                     );
-                    sa[0][c] = h;
-                    sa[1][c] = [_mm256_sub_ps(s[0], h[0]), _mm256_sub_ps(s[1], h[1])];
+                    sa[c] = h;
+                    sa1[c] = [_mm256_sub_ps(s[0], h[0]), _mm256_sub_ps(s[1], h[1])];
                 } else if F != Q8 {
-                    sa[0][c] = f32s(a.s.as_ptr().add(row), n);
+                    sa[c] = f32s(a.s.as_ptr().add(row), n);
                 }
             }
             for h in 0..2 {
@@ -1965,13 +1968,20 @@ mod x86 {
                     break;
                 }
                 let used = (ch.lanes() - 8 * h).min(8);
-                for part in 0..if F == Q6 { 2 } else { 1 } {
-                    let dot =
-                        half_dots::<F, R, N>(w, at, a, c0, ch, h, used, lane_mask(used), part);
+                let dot = half_dots::<F, R, N>(w, at, a, c0, ch, h, used, lane_mask(used), 0);
+                for r in 0..R {
+                    for c in 0..N {
+                        let x = &mut acc[c0 + c][r];
+                        let scale = _mm256_mul_ps(dw[r][h], da[c][h]);
+                        *x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c][r]), scale, *x);
+                    }
+                }
+                if F == Q6 {
+                    let dot = half_dots::<F, R, N>(w, at, a, c0, ch, h, used, lane_mask(used), 1);
                     for r in 0..R {
                         for c in 0..N {
                             let x = &mut acc[c0 + c][r];
-                            let scale = _mm256_mul_ps(dw[part][r][h], da[c][h]);
+                            let scale = _mm256_mul_ps(dw1[r][h], da[c][h]);
                             *x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c][r]), scale, *x);
                         }
                     }
@@ -1979,12 +1989,14 @@ mod x86 {
             }
             if F != Q8 {
                 // Biases per block, in block order (lane i is block ch.start + i).
-                for part in 0..if F == Q6 { 2 } else { 1 } {
-                    for r in 0..R {
-                        for c in 0..N {
-                            let x = &mut acc[c0 + c][r];
-                            *x = _mm256_fmadd_ps(m[part][r][0], sa[part][c][0], *x);
-                            *x = _mm256_fmadd_ps(m[part][r][1], sa[part][c][1], *x);
+                for r in 0..R {
+                    for c in 0..N {
+                        let x = &mut acc[c0 + c][r];
+                        *x = _mm256_fmadd_ps(m[r][0], sa[c][0], *x);
+                        *x = _mm256_fmadd_ps(m[r][1], sa[c][1], *x);
+                        if F == Q6 {
+                            *x = _mm256_fmadd_ps(m1[r][0], sa1[c][0], *x);
+                            *x = _mm256_fmadd_ps(m1[r][1], sa1[c][1], *x);
                         }
                     }
                 }

@@ -425,20 +425,25 @@ fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, layout: Layout, ou
         let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-        let (mut sum, mut first) = (0i32, 0i32);
+        let mut sums = [0i32; 2];
         let block = match layout {
             Layout::Pairs => &mut q[b * BLOCK..(b + 1) * BLOCK],
             Layout::Lanes => &mut lane_block[..],
         };
-        for (j, (o, &x)) in block.iter_mut().zip(&v).enumerate() {
-            // Ties to even, like ggml's SIMD quantisers; it vectorises, unlike `round`.
-            let r = (x * inv).round_ties_even() as i8;
-            sum += r as i32;
-            if j < BLOCK / 2 {
-                first += r as i32;
+        // Each half on its own (a branch in one loop would keep it from vectorising).
+        for ((os, vs), sum) in block
+            .chunks_exact_mut(BLOCK / 2)
+            .zip(v.chunks_exact(BLOCK / 2))
+            .zip(&mut sums)
+        {
+            for (o, &x) in os.iter_mut().zip(vs) {
+                // Ties to even, like ggml's SIMD quantisers; it vectorises, unlike `round`.
+                let r = (x * inv).round_ties_even() as i8;
+                *sum += r as i32;
+                *o = r;
             }
-            *o = r;
         }
+        let (sum, first) = (sums[0] + sums[1], sums[0]);
         if layout == Layout::Lanes {
             // Each group of four values goes to its lane of the chunk.
             for (g, four) in lane_block.chunks_exact(4).enumerate() {
