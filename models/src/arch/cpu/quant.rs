@@ -707,6 +707,13 @@ mod tests {
 
     use super::*;
 
+    /// `Σ w·x` and `Σ |w·x|` (the scale an error of quantised arithmetic is judged against).
+    pub(super) fn dot_and_magnitude(w: &[f32], x: &[f32]) -> (f32, f32) {
+        let exact = w.iter().zip(x).map(|(a, b)| a * b).sum();
+        let mag = w.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+        (exact, mag)
+    }
+
     fn ggml_blocks(dtype: GgmlDType, rows: usize, k: usize, rng: &mut StdRng) -> Vec<u8> {
         let (bytes, payload) = match dtype {
             GgmlDType::Q8_0 => (34, 32),
@@ -799,8 +806,7 @@ mod tests {
                         w.dequantize_row(r, &mut wrow);
                         for c in 0..seq {
                             let xr = &x[c * k..(c + 1) * k];
-                            let exact: f32 = wrow.iter().zip(xr).map(|(a, b)| a * b).sum();
-                            let mag: f32 = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                            let (exact, mag) = dot_and_magnitude(&wrow, xr);
                             let got = out[c * stride + r] - 1.0;
                             // 8-bit activations: about 1/254 relative error per value.
                             assert!(
@@ -964,8 +970,7 @@ mod k_quant_tests {
                     w.dequantize_row(r, &mut wrow);
                     for c in 0..seq {
                         let xr = &x[c * k..(c + 1) * k];
-                        let exact: f32 = wrow.iter().zip(xr).map(|(a, b)| a * b).sum();
-                        let mag: f32 = wrow.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                        let (exact, mag) = super::tests::dot_and_magnitude(&wrow, xr);
                         let got = out[c * rows + r];
                         assert!(
                             (got - exact).abs() <= 0.01 * mag + 1e-4,
