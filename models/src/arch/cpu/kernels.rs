@@ -384,9 +384,14 @@ impl RowAt {
     /// biases, Q6's second scales), the chunk's `ch.n` of them follow its scales, so that a
     /// tile reads its scales as one stream (a second array read beside the weights and the
     /// scales slowed Q6 decode over a 58 MB matrix from 23 to 16 GB/s on one AMD EPYC core).
+    ///
+    /// `per_block` is [`Format::scales_per_block`]: the kernels pass it as a constant of
+    /// their format, because a multiply by the runtime field in their chunk loop cost the
+    /// AVX2 tier 20% of decode speed on SmolLM2 Q8_0 (AMD EPYC, one thread: the compiler
+    /// then scheduled a row's weight loads together instead of step by step).
     #[inline(always)]
-    pub(crate) fn chunk_scales(self, ch: Chunk) -> usize {
-        self.d + self.s * (self.g * ch.start + self.ri * ch.n)
+    pub(crate) fn chunk_scales(self, ch: Chunk, per_block: usize) -> usize {
+        self.d + per_block * (self.g * ch.start + self.ri * ch.n)
     }
 
     /// The index of block `b`'s scale in a matrix of `nbp` blocks per row.
@@ -396,7 +401,7 @@ impl RowAt {
             Layout::Pairs => self.d + b,
             Layout::Lanes => {
                 let ch = Chunk::of(nbp, b);
-                self.chunk_scales(ch) + b - ch.start
+                self.chunk_scales(ch, self.s) + b - ch.start
             }
         }
     }
@@ -410,7 +415,7 @@ impl RowAt {
             Layout::Pairs => self.d + b,
             Layout::Lanes => {
                 let ch = Chunk::of(nbp, b);
-                self.chunk_scales(ch) + ch.n + b - ch.start
+                self.chunk_scales(ch, self.s) + ch.n + b - ch.start
             }
         }
     }
@@ -833,6 +838,14 @@ const fn offset(f: u8) -> f32 {
     }
 }
 
+/// [`Format::scales_per_block`] of a kernel's format constant in [`Layout::Lanes`].
+const fn scales_per_block(f: u8) -> usize {
+    match f {
+        Q41 | Q6 => 2,
+        _ => 1,
+    }
+}
+
 /// [`Format::row_bytes`] of a kernel's format constant; for Q6, valid where `kp` ends at a
 /// whole chunk (the start of a chunk in the row).
 const fn row_bytes(f: u8, kp: usize) -> usize {
@@ -975,7 +988,10 @@ mod x86 {
 
     use half::f16;
 
-    use super::{offset, row_bytes, ActRows, Chunk, RowAt, WeightRows, BLOCK, LANES, Q41, Q6, Q8};
+    use super::{
+        offset, row_bytes, scales_per_block, ActRows, Chunk, RowAt, WeightRows, BLOCK, LANES, Q41,
+        Q6, Q8,
+    };
 
     /// AVX-512 VNNI tile kernel over rows in [`super::Layout::Lanes`]; see [`super::tile`].
     ///
@@ -1025,7 +1041,7 @@ mod x86 {
                 unsafe {
                     _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
                         bmask,
-                        wd.add(at[r].chunk_scales(ch) + offset),
+                        wd.add(at[r].chunk_scales(ch, scales_per_block(F)) + offset),
                     ))
                 }
             };
@@ -1660,7 +1676,7 @@ mod x86 {
                             let dot = half_dots::<F, R, N>(w, &at, a, c0, ch, h, 8, all, part);
                             for r in 0..R {
                                 // The chunk's scales, then its second values.
-                                let sc = at[r].chunk_scales(ch) + 8 * h;
+                                let sc = at[r].chunk_scales(ch, scales_per_block(F)) + 8 * h;
                                 let dw = load_f16x8(w.d.as_ptr().add(sc + part * LANES));
                                 let m = if F == Q6 {
                                     Some(_mm256_mul_ps(dw, _mm256_set1_ps(-offset(F))))
@@ -1931,7 +1947,7 @@ mod x86 {
             let mut m1 = [[_mm256_setzero_ps(); 2]; R];
             let k = _mm256_set1_ps(-offset(F));
             for r in 0..R {
-                let sc = at[r].chunk_scales(ch);
+                let sc = at[r].chunk_scales(ch, scales_per_block(F));
                 let d = f16s(w.d.as_ptr().add(sc), n);
                 dw[r] = spread(d);
                 if F == Q41 {
