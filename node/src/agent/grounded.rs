@@ -1498,6 +1498,10 @@ const KIND_NAMED_BOOST: f32 = 1.2;
 /// How much more an update that states a value weighs than other evidence.
 const UPDATE_BOOST: f32 = 1.2;
 
+/// What a listing's evidence weighs once an update at the same node replaces its value (see
+/// [`supersede_listings`]); the same halving as a value a revision names as the old one.
+const SUPERSEDED_WEIGHT: f32 = 0.5;
+
 /// The best units of `units` for `sub`, best first (at most `k`); equally good units are
 /// ordered by position, the later first when the sub-question asks for the latest or the
 /// document is a log.
@@ -1549,7 +1553,7 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
                 let is_old =
                     |old: &Vec<String>| !vt.is_empty() && vt.iter().all(|t| old.contains(t));
                 if !revised_here && superseded_values.iter().any(is_old) {
-                    score *= 0.5;
+                    score *= SUPERSEDED_WEIGHT;
                 }
             }
             // `until 10:30` says when something stops: for a question about when
@@ -1591,6 +1595,7 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
             })
         })
         .collect();
+    supersede_listings(sub, &mut out);
     out.sort_by(|a, b| {
         b.score
             .total_cmp(&a.score)
@@ -1623,6 +1628,75 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
     });
     out.truncate(k);
     out
+}
+
+/// A change note applied to the listing it changes: where a unit that states an update
+/// (`the dental check moved to Thu 16 April`, `glaze load moves to Kiln B, fired to
+/// 1222°C`) names everything the sub-question names in a listing (a table row, a line) and
+/// gives another value of the kind asked, the listing's value is the old one. It weighs
+/// [`SUPERSEDED_WEIGHT`] of its score, and the update takes at least the listing's score,
+/// so that an update worded further from the question still outranks what it replaces.
+/// Only a listing whose names are all in the update counts, so a note about another entity
+/// of the same node changes nothing.
+fn supersede_listings(sub: &SubQuestion, out: &mut [Located]) {
+    // The names the sub-question asks about: its clause's own, and the lead-in's.
+    let names: Vec<&str> = sub
+        .terms
+        .iter()
+        .filter(|t| t.required || (t.context && t.weight >= 1.5))
+        .map(|t| t.term.as_str())
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let terms_in =
+        |l: &Located| -> Vec<String> { terms_of(&format!("{} {}", l.unit.heading, l.unit.text)) };
+    let updates: Vec<(usize, Vec<String>, Vec<String>)> = out
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.pending && (is_update(&l.unit.text) || is_update(&l.unit.heading)))
+        .filter_map(|(i, l)| Some((i, terms_of(l.span.as_ref()?), terms_in(l))))
+        // `extended in 2024 (previously 40 beds)`: the value it names is the old one.
+        .filter(|(i, value, _)| {
+            !value.is_empty()
+                && !revisions(&out[*i].unit.text)
+                    .iter()
+                    .any(|(old, _)| value.iter().all(|t| terms_of(old).contains(t)))
+        })
+        .collect();
+    if updates.is_empty() {
+        return;
+    }
+    let mut raise: Vec<(usize, f32)> = Vec::new();
+    for (i, l) in out.iter_mut().enumerate() {
+        if updates.iter().any(|(u, ..)| *u == i) {
+            continue;
+        }
+        let Some(value) = l.span.as_ref().map(|v| terms_of(v)) else {
+            continue;
+        };
+        let keyed: Vec<&str> = {
+            let here = terms_in(l);
+            names
+                .iter()
+                .copied()
+                .filter(|n| here.iter().any(|t| t == n))
+                .collect()
+        };
+        if keyed.is_empty() {
+            continue;
+        }
+        let replacing = updates.iter().find(|(_, new, terms)| {
+            *new != value && keyed.iter().all(|n| terms.iter().any(|t| t == n))
+        });
+        if let Some((u, ..)) = replacing {
+            raise.push((*u, l.score));
+            l.score *= SUPERSEDED_WEIGHT;
+        }
+    }
+    for (u, score) in raise {
+        out[u].score = out[u].score.max(score);
+    }
 }
 
 fn is_log(u: &Unit) -> bool {
@@ -3615,6 +3689,12 @@ pub fn route_with_bridges(
         .iter()
         .filter_map(|((start, follow), follow_hits)| {
             let end = best_follow(follow, follow_hits)?;
+            // A chain within one node's documents (a row, then a note beside it) is that
+            // node's own evidence, already weighed as a direct answer: a bridge links
+            // what one node names to what another node holds.
+            if end.node_id == start.node_id {
+                return None;
+            }
             let score = winning_chain_score(sub, direct, &start.located.unit, &end.located.unit)?;
             Some((score, start, end))
         })
@@ -4261,6 +4341,13 @@ mod tests {
                 link: vec!["cv".into(), "valdessa".into()],
             }
         );
+        // Both hops in one node's documents: that node's own evidence, no bridge.
+        let mut one = hits(&groups, "jas", &sub);
+        one.extend(hits(&gates, "jas", &sub));
+        let start = bridge_starts(&sub, &one, 2).remove(0);
+        let follow = hits(&gates, "jas", &start.1);
+        let alone = route_with_bridges(q, &sub, &one, &[(start, follow)]);
+        assert!(!matches!(alone, Route::Bridge { .. }), "{alone:?}");
         let mut inq = Inquiry::new(q, "me", vec![(sub, route)]);
         assert_eq!(inq.members(), vec!["jas".to_string(), "otis".to_string()]);
         let Next::Assign(first) = inq.next_step() else {
@@ -4800,6 +4887,51 @@ mod tests {
             },
             None
         );
+    }
+
+    #[test]
+    fn a_change_note_that_names_a_listing_replaces_its_value() {
+        let doc = |note: &str| {
+            document_units(
+                "appointments.md",
+                &format!(
+                    "| Patient | Appointment | Type |\n|---|---|---|\n\
+                     | Ravi Patel | Tue 14 April | dental check-up |\n\
+                     | Mia Jones | Wed 15 April | dental check-up |\n\n{note}\n"
+                ),
+            )
+        };
+        let when = &decompose("When is Ravi Patel's dental check-up appointment?")[0];
+        let best = |units: &[Unit]| {
+            locate(when, units, 3)
+                .into_iter()
+                .find_map(|l| l.span)
+                .unwrap_or_default()
+        };
+        // The note shares only the name with the question, the row every word; the note
+        // changes the row, so its value answers.
+        let units = doc("Rebooking: Ravi Patel moved to Thu 16 April.");
+        assert!(
+            best(&units).contains("16 April"),
+            "{:?}",
+            locate(when, &units, 3)
+        );
+        // A note about another patient changes nothing of Ravi's row.
+        let units = doc("Rebooking: Mia Jones moved to Thu 16 April.");
+        assert!(
+            best(&units).contains("14 April"),
+            "{:?}",
+            locate(when, &units, 3)
+        );
+        // A note whose value is the one it came from (`previously`) is no new value.
+        let beds = &decompose("How many beds does the Stainach Hut have?")[0];
+        let units = document_units(
+            "huts.md",
+            "| Hut | Beds |\n|---|---|\n| Stainach Hut | 48 |\n\n\
+             Stainach Hut was extended in 2024 (previously 40 beds).\n",
+        );
+        let found = locate(beds, &units, 2);
+        assert_eq!(found[0].span.as_deref(), Some("48"), "{found:?}");
     }
 
     #[test]
