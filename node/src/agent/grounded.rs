@@ -2695,6 +2695,9 @@ pub enum CalcOp {
     Difference,
     /// An amount times a rate (`litres` × `kg per litre`).
     Product,
+    /// Two amounts of one kind added up (`adding up the casks at the Fox and at the
+    /// festival`).
+    Sum,
 }
 
 /// The unit a question asks its answer in (`in kilograms`), canonical.
@@ -2727,6 +2730,13 @@ pub fn asks_difference(question: &str) -> bool {
     ]
     .iter()
     .any(|c| lower.contains(c))
+}
+
+/// Whether `text` asks for two amounts added up (`adding up X and Y`, `X and Y combined`)
+/// rather than an amount times a rate.
+pub fn asks_sum(text: &str) -> bool {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(&R, r"(?i)\b(?:add(?:ing|ed)? up|combined)\b").is_match(text)
 }
 
 /// What a `how many (more)` question counts: the last word of the noun phrase after it
@@ -2832,6 +2842,25 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
             }
             Some(Calculation {
                 shown: format!("{} − {} = {result}", big.text, small.text),
+                result,
+            })
+        }
+        CalcOp::Sum => {
+            if a.per.is_some() || b.per.is_some() {
+                return None;
+            }
+            let counts = !is_measure(&a.unit) && !is_measure(&b.unit);
+            let f = if counts {
+                1.0
+            } else {
+                conversion(&b.unit, &a.unit)?
+            };
+            let r = eval(format!("{} + {}", a.value, b.value * f))?;
+            // `11` (a bare count) and `26 firkins`: 37 firkins.
+            let unit = if a.unit.is_empty() { &b.unit } else { &a.unit };
+            let result = format_qty(r, unit);
+            Some(Calculation {
+                shown: format!("{} + {} = {result}", a.text, b.text),
                 result,
             })
         }
@@ -3121,6 +3150,10 @@ pub fn calc_op(question: &str, sub: &SubQuestion, direct: Option<&NodeHit>) -> O
         .any(|w| lower.contains(w));
     if direct_q.as_ref().is_some_and(|q| q.per.is_some()) && !asks_rate {
         return Some(CalcOp::Product);
+    }
+    // Two amounts added up where the question says so (`adding up X and Y`).
+    if asks_sum(question) {
+        return Some(CalcOp::Sum);
     }
     let unit = asked_unit(question)?;
     let direct_unit = direct
@@ -4635,6 +4668,34 @@ mod tests {
             calculate(CalcOp::Difference, &uplift, &limit).is_none(),
             "litres minus kg"
         );
+        // Added up: two counts as numbers, two measures in the first one's unit, never a
+        // rate or amounts of different kinds.
+        let (fox, fest) = (
+            parse_quantity("11").unwrap(),
+            parse_quantity("26 firkins").unwrap(),
+        );
+        let s = calculate(CalcOp::Sum, &fox, &fest).unwrap();
+        assert_eq!(s.shown, "11 + 26 firkins = 37 firkins");
+        let s = calculate(CalcOp::Sum, &limit, &parse_quantity("500 g").unwrap()).unwrap();
+        assert_eq!(s.result, "3.3 kg");
+        assert!(
+            calculate(CalcOp::Sum, &uplift, &limit).is_none(),
+            "litres plus kg"
+        );
+        assert!(
+            calculate(CalcOp::Sum, &uplift, &density).is_none(),
+            "a rate"
+        );
+        let casks = &decompose("Adding up the Fox and the festival, how many casks are out?")[0];
+        assert_eq!(
+            calc_op(
+                "Adding up the Fox and the festival, how many casks are out?",
+                casks,
+                None
+            ),
+            Some(CalcOp::Sum)
+        );
+        assert!(!asks_sum("How many casks are at the Fox?"));
         assert_eq!(
             asked_unit("What fuel mass in kilograms goes on the sheet?").as_deref(),
             Some("kg")
