@@ -2801,24 +2801,29 @@ fn format_qty(x: f64, unit: &str) -> String {
     }
 }
 
+/// The factor that takes `b` into `a`'s unit, when the two are amounts of one kind that can
+/// be subtracted or added: two counts of things (`163 bookings`, `220 places`) as numbers
+/// (1), two measures only when one converts into the other, never a rate.
+fn same_kind_factor(a: &Quantity, b: &Quantity) -> Option<f64> {
+    if a.per.is_some() || b.per.is_some() {
+        return None;
+    }
+    if !is_measure(&a.unit) && !is_measure(&b.unit) {
+        Some(1.0)
+    } else {
+        conversion(&b.unit, &a.unit)
+    }
+}
+
 /// Combines `a` and `b` as `op` asks, when their units allow it: a difference of two
 /// amounts of one kind (in the unit of the larger, also in grams/millilitres when below 1),
-/// or an amount times a rate per that amount's unit. The arithmetic is the calculator's.
+/// their sum (in the first one's unit), or an amount times a rate per that amount's unit.
+/// The arithmetic is the calculator's.
 pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> {
     let eval = |expr: String| super::tools::evaluate(&expr).ok();
     match op {
         CalcOp::Difference => {
-            if a.per.is_some() || b.per.is_some() {
-                return None;
-            }
-            // Two counts of things (`163 bookings`, `220 places`) subtract as numbers; two
-            // measures only when one converts into the other.
-            let counts = !is_measure(&a.unit) && !is_measure(&b.unit);
-            let f = if counts {
-                1.0
-            } else {
-                conversion(&b.unit, &a.unit)?
-            };
+            let f = same_kind_factor(a, b)?;
             // The larger amount first; the smaller one in the larger one's unit.
             let (big, small, small_in_big) = if a.value >= b.value * f {
                 (a, b, b.value * f)
@@ -2846,15 +2851,7 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
             })
         }
         CalcOp::Sum => {
-            if a.per.is_some() || b.per.is_some() {
-                return None;
-            }
-            let counts = !is_measure(&a.unit) && !is_measure(&b.unit);
-            let f = if counts {
-                1.0
-            } else {
-                conversion(&b.unit, &a.unit)?
-            };
+            let f = same_kind_factor(a, b)?;
             let r = eval(format!("{} + {}", a.value, b.value * f))?;
             // `11` (a bare count) and `26 firkins`: 37 firkins.
             let unit = if a.unit.is_empty() { &b.unit } else { &a.unit };
