@@ -410,6 +410,12 @@ pub fn terms_of(text: &str) -> Vec<String> {
                 continue;
             }
         }
+        // An abbreviation is read as written (`Wed`), not after stemming, which makes
+        // `wedding` `wed` and `decking` `deck`.
+        if let Some(full) = calendar_abbreviation(&w.to_lowercase()) {
+            out.extend(tokenize(full));
+            continue;
+        }
         out.extend(
             tokenize(w)
                 .into_iter()
@@ -420,20 +426,10 @@ pub fn terms_of(text: &str) -> Vec<String> {
     out
 }
 
-/// One spelling per number and calendar word: `9s` and `14th` are `9` and `14`; the
-/// unambiguous weekday and month abbreviations (`Fri`, `Nov`) are the full names (`Sat`,
+/// The unambiguous weekday and month abbreviations (`Fri`, `Nov`) as full names (`Sat`,
 /// `Sun`, `May` are words too, so they stay).
-fn normalise_term(t: String) -> String {
-    let digits_then = |suffixes: &[&str]| {
-        suffixes.iter().find_map(|x| {
-            let d = t.strip_suffix(x)?;
-            (!d.is_empty() && d.chars().all(|c| c.is_ascii_digit())).then(|| d.to_owned())
-        })
-    };
-    if let Some(d) = digits_then(&["s", "st", "nd", "rd", "th"]) {
-        return d;
-    }
-    let full = match t.as_str() {
+fn calendar_abbreviation(word: &str) -> Option<&'static str> {
+    Some(match word {
         "mon" => "monday",
         "tue" | "tues" => "tuesday",
         "wed" => "wednesday",
@@ -449,9 +445,19 @@ fn normalise_term(t: String) -> String {
         "oct" => "october",
         "nov" => "november",
         "dec" => "december",
-        _ => return t,
+        _ => return None,
+    })
+}
+
+/// One spelling per number: `9s` and `14th` are `9` and `14`.
+fn normalise_term(t: String) -> String {
+    let digits_then = |suffixes: &[&str]| {
+        suffixes.iter().find_map(|x| {
+            let d = t.strip_suffix(x)?;
+            (!d.is_empty() && d.chars().all(|c| c.is_ascii_digit())).then(|| d.to_owned())
+        })
     };
-    tokenize(full).pop().unwrap_or(t)
+    digits_then(&["s", "st", "nd", "rd", "th"]).unwrap_or(t)
 }
 
 fn is_wh(w: &str) -> bool {
@@ -1847,7 +1853,27 @@ fn typed_spans(slot: Slot, text: &str) -> Vec<String> {
                                 .strip_prefix("in ")
                                 .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
                     };
+                // `10` of `10 March` or `March 10` is a day of a date.
+                let bare = |w: Option<&str>| {
+                    w.unwrap_or("")
+                        .trim_matches(|c: char| !c.is_alphanumeric())
+                        .to_owned()
+                };
+                // (`May` only as a name: `5 may be late` is a count.)
+                let month = |w: &str| {
+                    let lower = w.to_lowercase();
+                    let full = calendar_abbreviation(&lower).unwrap_or(&lower);
+                    WEEKDAYS_MONTHS[7..].contains(&full) && (full != "may" || w == "May")
+                };
+                // (A word before the number is part of its date only with nothing between.)
+                let previous = before
+                    .split_whitespace()
+                    .last()
+                    .filter(|w| before.ends_with(' ') && w.ends_with(char::is_alphabetic));
+                let date_part = month(&bare(text[m.start()..].split_whitespace().nth(1)))
+                    || month(&bare(previous));
                 !rate
+                    && !date_part
                     && !after.starts_with([':', '.', '–', '-'])
                     && !before.ends_with([':', '.', '–', '-'])
                     && !measured(&text[m.start()..])
@@ -2112,7 +2138,48 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         }
     }
     let span = first_value(sub, unit)?;
+    if let Some(whole) = with_counted_noun(sub, &unit.text, &span) {
+        return Some(whole);
+    }
     Some(range_end(sub, &unit.text, &span).unwrap_or(span))
+}
+
+/// A count with the noun it counts, when the evidence puts the noun the question counts
+/// (see [`counted_noun`]) a few words after the number (`6 patrol tents` for `how many
+/// tents`, where the count span alone stops at `6 patrol`).
+fn with_counted_noun(sub: &SubQuestion, text: &str, span: &str) -> Option<String> {
+    if sub.slot != Slot::Count {
+        return None;
+    }
+    let noun = terms_of(&counted_noun(&sub.text)?);
+    let at = text.find(span)?;
+    let number = span.split_whitespace().next()?;
+    let mut end = at + number.len();
+    let rest = &text[end..];
+    // Up to three words after the number, within its clause.
+    for w in rest.split_inclusive(' ').take(4) {
+        let word = w.trim();
+        if word.is_empty() {
+            end += w.len();
+            continue;
+        }
+        let bare = word.trim_end_matches(|c: char| !c.is_alphanumeric());
+        if bare.is_empty() || !bare.chars().all(|c| c.is_alphabetic() || c == '-') {
+            return None;
+        }
+        let hit = terms_of(bare).iter().any(|t| noun.contains(t));
+        end += w.trim_end().len() - (word.len() - bare.len());
+        if hit {
+            let whole = text[at..end].trim().to_owned();
+            return (whole.len() > span.len()).then_some(whole);
+        }
+        if bare.len() != word.len() {
+            // Punctuation ends the phrase.
+            return None;
+        }
+        end += w.len() - w.trim_end().len();
+    }
+    None
 }
 
 /// Whether the clause asks when something ends (`what time do the glasshouses shut`).
@@ -4255,6 +4322,42 @@ mod tests {
             locate(pub_q, &rows, 1)[0].span.as_deref(),
             Some("The Green Man")
         );
+    }
+
+    #[test]
+    fn calendar_abbreviations_are_read_as_written_not_after_stemming() {
+        assert!(terms_of("Wed 3 June, Dec 12").contains(&"wednesday".to_owned()));
+        assert!(terms_of("Dec 12").contains(&"december".to_owned()));
+        // `wedding` stems to `wed` and `decking` to `deck`: neither is a calendar word.
+        let wedding = terms_of("the wedding on the decking");
+        assert!(!wedding.iter().any(|t| t == "wednesday" || t == "december"));
+    }
+
+    #[test]
+    fn a_count_keeps_the_noun_it_counts_and_is_no_day_of_a_date() {
+        let sub = &decompose("How many tents are we getting on loan from District?")[0];
+        let units = document_units(
+            "kit.md",
+            "District are lending us 6 patrol tents, to collect on Friday.",
+        );
+        assert_eq!(
+            locate(sub, &units, 1)[0].span.as_deref(),
+            Some("6 patrol tents")
+        );
+        // The noun asked about must be there: `9 bags` is not widened to other words.
+        let bags = document_units("kit.md", "9 bags of pegs, from the store.");
+        assert_eq!(extract(sub, &bags[0]).as_deref(), Some("9 bags"));
+        // `10` of `10 March` and `March 10` is a day.
+        assert_eq!(
+            typed_spans(Slot::Count, "Order amended 10 March: 1,200 copies"),
+            vec!["1,200 copies"]
+        );
+        assert_eq!(
+            typed_spans(Slot::Count, "From March 10 we print 750 copies"),
+            vec!["750 copies"]
+        );
+        // `may` as a verb is no month.
+        assert_eq!(typed_spans(Slot::Count, "5 may be late"), vec!["5 may"]);
     }
 
     #[test]
