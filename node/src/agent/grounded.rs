@@ -319,6 +319,8 @@ pub struct SubQuestion {
     pub latest: bool,
 }
 
+/// Pronouns that are the subject of a clause (`should I ring`, `are we asking`).
+const SUBJECT_PRONOUNS: &[&str] = &["i", "we", "you", "they", "he", "she", "it"];
 const WH: &[&str] = &[
     "who", "whom", "whose", "what", "what's", "whats", "which", "where", "when", "how", "why",
 ];
@@ -809,11 +811,31 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     }
     // `who leads` / `what does he weigh`: the verb names the slot.
     if slot == Slot::Person || (wh == "what" && np.is_empty()) {
-        let mut content: Vec<&String> = ws[i + 1..]
+        // `who's going to be conducting`: the verb comes after `going to be`.
+        let after: Vec<&String> = ws[i + 1..]
             .iter()
+            .filter(|w| {
+                !matches!(
+                    w.as_str(),
+                    "going" | "gonna" | "to" | "be" | "been" | "being"
+                )
+            })
+            .collect();
+        // `who should I ring`: with a subject of its own between, the verb says what is
+        // done to the one asked about, not what they are. (`What are we asking for her`
+        // keeps its verb: an empty slot would take any value of the unit.)
+        let subject = after
+            .iter()
+            .take_while(|w| AUX.contains(&w.as_str()))
+            .any(|w| SUBJECT_PRONOUNS.contains(&w.as_str()));
+        let mut content: Vec<&String> = after
+            .into_iter()
             .filter(|w| !AUX.contains(&w.as_str()) && !ARTICLES.contains(&w.as_str()))
             .take(2)
             .collect();
+        if subject && slot == Slot::Person {
+            content.clear();
+        }
         // `who's got the saw`, `who has the keys`: possession names no role.
         let possession = ["got", "get", "gets", "has", "have", "had", "holds", "keeps"];
         if slot == Slot::Person
@@ -4321,6 +4343,23 @@ mod tests {
         assert_eq!(
             locate(pub_q, &rows, 1)[0].span.as_deref(),
             Some("The Green Man")
+        );
+    }
+
+    #[test]
+    fn a_person_slot_is_named_by_the_verb_only_when_the_person_does_it() {
+        // `who leads`, `who's going to be conducting`: the verb names the role.
+        let (slot, terms) = slot_of("who leads the walk?");
+        assert_eq!(slot, Slot::Person);
+        assert!(terms.contains(&"lead".to_owned()), "{terms:?}");
+        assert_eq!(
+            slot_of("who's going to be conducting on Saturday?").1,
+            terms_of("conducting")
+        );
+        // `who should I ring`: the verb is done to them; it names no role.
+        assert_eq!(
+            slot_of("who should I ring if the boiler packs up?"),
+            (Slot::Person, Vec::new())
         );
     }
 
