@@ -118,10 +118,16 @@ fn score_file(path: &Path, unread: bool) -> Option<(usize, usize)> {
     }
     let scenarios = load_scenarios(path).expect("scenario file");
     let mut ok = 0;
+    // Per tier: (right, of, answered `unknown` where a fact was asked).
+    let mut tiers: std::collections::BTreeMap<&str, (usize, usize, usize)> = Default::default();
     for s in &scenarios {
         let (a, members) = answer(s);
         let good = score_answer(&a, &s.answer_parts, &s.tier);
         ok += usize::from(good);
+        let t = tiers.entry(s.tier.as_str()).or_default();
+        t.0 += usize::from(good);
+        t.1 += 1;
+        t.2 += usize::from(!good && s.tier != "unanswerable" && a.contains("unknown"));
         if unread {
             continue;
         }
@@ -135,6 +141,13 @@ fn score_file(path: &Path, unread: bool) -> Option<(usize, usize)> {
         );
     }
     eprintln!("{}: {ok}/{}", path.display(), scenarios.len());
+    // Totals by tier (right/of, and wrong answers holding an `unknown` part): a summary that
+    // says which stage to study without showing any scenario of an unread set.
+    let by_tier: Vec<String> = tiers
+        .iter()
+        .map(|(t, (r, n, u))| format!("{t} {r}/{n} ({u} unknown)"))
+        .collect();
+    eprintln!("  tiers: {}", by_tier.join(", "));
     Some((ok, scenarios.len()))
 }
 
