@@ -1216,12 +1216,13 @@ fn outside_day_part(sub: &SubQuestion, span: &str) -> bool {
 }
 
 /// Whether `text` says a fact is not settled (`TBC`, `to be confirmed`, `not set yet`,
-/// `???`).
+/// `???`) or is kept elsewhere (`see invoice BR-1187`, `price on application`): either
+/// way the unit states no value.
 fn is_pending(text: &str) -> bool {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)\b(?:tbc|tbd|tba|to be (?:confirmed|decided|agreed|announced|set|fixed|published|finali[sz]ed|arranged|worked out)|(?:still )?being (?:finali[sz]ed|decided|worked out|discussed|negotiated)|not (?:yet )?(?:set|decided|confirmed|agreed|fixed|announced|published|finali[sz]ed)|(?:has|have)n[’']?t (?:yet )?(?:been )?(?:set|decided|confirmed|agreed|fixed|announced|published)|not been (?:set|decided|confirmed|agreed|published|finali[sz]ed)|undecided|awaiting (?:confirmation|a decision))\b|\?\?\?",
+        r"(?i)\b(?:tbc|tbd|tba|to be (?:confirmed|decided|agreed|announced|set|fixed|published|finali[sz]ed|arranged|worked out)|(?:still )?being (?:finali[sz]ed|decided|worked out|discussed|negotiated)|not (?:yet )?(?:set|decided|confirmed|agreed|fixed|announced|published|finali[sz]ed)|(?:has|have)n[’']?t (?:yet )?(?:been )?(?:set|decided|confirmed|agreed|fixed|announced|published)|not been (?:set|decided|confirmed|agreed|published|finali[sz]ed)|undecided|awaiting (?:confirmation|a decision|(?:a |the )?quote)|waiting (?:for|on) (?:a |the )?(?:quote|confirmation|decision)|see (?:the |her |his |their )?(?:contract|invoice|agreement|quote)|to follow|on request|price on application|poa)\b|\?\?\?",
     )
     .is_match(text)
 }
@@ -4361,6 +4362,28 @@ mod tests {
             slot_of("who should I ring if the boiler packs up?"),
             (Slot::Person, Vec::new())
         );
+    }
+
+    #[test]
+    fn a_cross_reference_or_a_price_to_follow_is_pending_not_a_value() {
+        for text in [
+            "Pistachio paste order: see invoice BR-1187",
+            "Fee: see contract",
+            "Quote to follow",
+            "Hire of the marquee: price on application",
+            "Supplier: awaiting a quote",
+        ] {
+            assert!(is_pending(text), "{text}");
+        }
+        // A reference that is itself the value asked for is not pending.
+        assert!(!is_pending("Invoice BR-1187: £412.50"));
+        let sub = &decompose("What does November's pistachio paste order come to?")[0];
+        let units = document_units(
+            "orders.md",
+            "November pistachio paste order: see invoice BR-1187.",
+        );
+        let got = &locate(sub, &units, 1)[0];
+        assert!(got.pending && got.span.is_none(), "{got:?}");
     }
 
     #[test]
