@@ -401,6 +401,17 @@ pub fn terms_of(text: &str) -> Vec<String> {
         };
         format!(" t{hour:02}{minute} ")
     });
+    // `round one` and `Round 1`, `the second feed stop` and `Feed 2`: one spelling.
+    let text = numbered_re().replace_all(&text, |c: &regex::Captures| {
+        let (before, word) = match (c.get(1), c.get(2)) {
+            (Some(b), Some(w)) => (b.as_str(), w.as_str()),
+            _ => ("", c.get(4).map_or("", |m| m.as_str())),
+        };
+        match number_word(&word.to_lowercase()) {
+            Some(n) => format!("{before}{n}"),
+            None => c[0].to_owned(),
+        }
+    });
     for w in text
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
@@ -426,6 +437,39 @@ pub fn terms_of(text: &str) -> Vec<String> {
         );
     }
     out
+}
+
+/// A number word that numbers something: a cardinal after a noun (`round one`, `day two`;
+/// not after a determiner or a preposition: `which one`, `at one`) or an ordinal from
+/// `second` on (`first` is often no number: `first aid`, `who goes first`).
+fn numbered_re() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)(\b(?:round|day|week|heat|race|leg|stage|lane|table|court|pitch|bay|gate|platform|room|floor|group|team|year|level|grade|stop|feed|checkpoint|session|part|section|step|game|match|set|class|division|block|zone|area|field|unit|car|coach|carriage|bus|route|line|door|hole|tee|ward|box|shelf|row|aisle|stand|berth|dock|hall|studio|lab) )(one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\b|(\b)(second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth)\b",
+    )
+}
+
+/// The number a number word of [`numbered_re`] names.
+fn number_word(w: &str) -> Option<u32> {
+    let words = [
+        ["one", "first"],
+        ["two", "second"],
+        ["three", "third"],
+        ["four", "fourth"],
+        ["five", "fifth"],
+        ["six", "sixth"],
+        ["seven", "seventh"],
+        ["eight", "eighth"],
+        ["nine", "ninth"],
+        ["ten", "tenth"],
+        ["eleven", "eleventh"],
+        ["twelve", "twelfth"],
+    ];
+    words
+        .iter()
+        .position(|p| p.contains(&w))
+        .map(|i| i as u32 + 1)
 }
 
 /// The unambiguous weekday and month abbreviations (`Fri`, `Nov`) as full names (`Sat`,
@@ -4384,6 +4428,16 @@ mod tests {
         );
         let got = &locate(sub, &units, 1)[0];
         assert!(got.pending && got.span.is_none(), "{got:?}");
+    }
+
+    #[test]
+    fn number_words_that_number_something_are_digits() {
+        assert!(terms_of("the round one deadline").contains(&"1".to_owned()));
+        assert!(terms_of("our second feed stop").contains(&"2".to_owned()));
+        assert_eq!(terms_of("Round 1"), terms_of("round one"));
+        // A number word that numbers nothing stays a word (or a stopword).
+        assert!(!terms_of("which one is it").contains(&"1".to_owned()));
+        assert!(!terms_of("first aid kit").contains(&"1".to_owned()));
     }
 
     #[test]
