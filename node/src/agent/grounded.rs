@@ -1288,7 +1288,7 @@ fn update_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)\b(?:now|instead|in place of|moves? to|moved to|changed to|changes to|takes over|took over|replaced by|replaces|updated?|revised|amended|corrected|from now on|with effect from)\b",
+        r"(?i)\b(?:now|instead|in place of|(?:moves?|moved|changed?|changes|increased|decreased|reduced|raised|lowered|cut|extended|shortened|put back|pushed back|brought forward|postponed|rescheduled|switched|swapped) (?:to|until|till|onto)|takes over|took over|replaced by|replaces|updated?|revised|amended|corrected|from now on|with effect from)\b",
     )
 }
 
@@ -4438,6 +4438,30 @@ mod tests {
         // A number word that numbers nothing stays a word (or a stopword).
         assert!(!terms_of("which one is it").contains(&"1".to_owned()));
         assert!(!terms_of("first aid kit").contains(&"1".to_owned()));
+    }
+
+    #[test]
+    fn a_value_raised_or_put_back_to_another_is_an_update() {
+        for text in [
+            "The print run was increased to 1,200 copies on 10 March.",
+            "Kick-off put back to 15:00.",
+            "Deadline extended to 20 January.",
+        ] {
+            assert!(is_update(text), "{text}");
+        }
+        let sub = &decompose("How many copies of the parish magazine are we printing?")[0];
+        let mut units = document_units(
+            "print.md",
+            "| Item | Copies |\n|---|---|\n| Parish magazine | 750 |\n",
+        );
+        units.extend(document_units(
+            "amendments.md",
+            "Parish magazine: quantity increased to 1,200 copies on 10 March.",
+        ));
+        assert_eq!(
+            locate(sub, &units, 1)[0].span.as_deref(),
+            Some("1,200 copies")
+        );
     }
 
     #[test]
