@@ -2860,7 +2860,13 @@ pub fn asks_difference(question: &str) -> bool {
         "short of",
         "difference",
         "still need",
+        "still have to",
         "to go",
+        // `how many extra … after using what's in the store`: what is needed less what is held.
+        "after using",
+        "after we use",
+        "once we've used",
+        "once we have used",
     ]
     .iter()
     .any(|c| lower.contains(c))
@@ -2950,7 +2956,8 @@ fn same_kind_factor(a: &Quantity, b: &Quantity) -> Option<f64> {
 }
 
 /// Combines `a` and `b` as `op` asks, when their units allow it: a difference of two
-/// amounts of one kind (in the unit of the larger, also in grams/millilitres when below 1),
+/// amounts of one kind (in the unit of the larger, or the other's when the larger is a bare
+/// number; also in grams/millilitres when below 1),
 /// their sum (in the first one's unit), or an amount times a rate per that amount's unit.
 /// The arithmetic is the calculator's.
 pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> {
@@ -2964,7 +2971,12 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
             } else {
                 (b, a, a.value / f)
             };
-            let unit = &big.unit;
+            // `14` (a bare count) less `9 rolls`: 5 rolls.
+            let unit = if big.unit.is_empty() {
+                &small.unit
+            } else {
+                &big.unit
+            };
             let r = eval(format!("{} - {small_in_big}", big.value))?;
             let mut result = format_qty(r, unit);
             if r.abs() < 1.0 {
@@ -4908,6 +4920,17 @@ mod tests {
             calculate(CalcOp::Difference, &uplift, &limit).is_none(),
             "litres minus kg"
         );
+        // A bare count less a counted amount keeps the amount's noun.
+        let d = calculate(
+            CalcOp::Difference,
+            &parse_quantity("14").unwrap(),
+            &parse_quantity("9 rolls").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(d.shown, "14 − 9 rolls = 5 rolls");
+        assert!(asks_difference(
+            "How many extra rolls do we have to buy, after using what's already in the store?"
+        ));
         // Added up: two counts as numbers, two measures in the first one's unit, never a
         // rate or amounts of different kinds.
         let (fox, fest) = (
