@@ -405,7 +405,7 @@ pub fn terms_of(text: &str) -> Vec<String> {
     let text = numbered_re().replace_all(&text, |c: &regex::Captures| {
         let (before, word) = match (c.get(1), c.get(2)) {
             (Some(b), Some(w)) => (b.as_str(), w.as_str()),
-            _ => ("", c.get(4).map_or("", |m| m.as_str())),
+            _ => ("", c.get(3).map_or("", |m| m.as_str())),
         };
         match number_word(&word.to_lowercase()) {
             Some(n) => format!("{before}{n}"),
@@ -446,7 +446,7 @@ fn numbered_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)(\b(?:round|day|week|heat|race|leg|stage|lane|table|court|pitch|bay|gate|platform|room|floor|group|team|year|level|grade|stop|feed|checkpoint|session|part|section|step|game|match|set|class|division|block|zone|area|field|unit|car|coach|carriage|bus|route|line|door|hole|tee|ward|box|shelf|row|aisle|stand|berth|dock|hall|studio|lab) )(one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\b|(\b)(second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth)\b",
+        r"(?i)(\b(?:round|day|week|heat|race|leg|stage|lane|table|court|pitch|bay|gate|platform|room|floor|group|team|year|level|grade|stop|feed|checkpoint|session|part|section|step|game|match|set|class|division|block|zone|area|field|unit|car|coach|carriage|bus|route|line|door|hole|tee|ward|box|shelf|row|aisle|stand|berth|dock|hall|studio|lab) )(one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\b|\b(second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth)\b",
     )
 }
 
@@ -855,15 +855,18 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
     }
     // `who leads` / `what does he weigh`: the verb names the slot.
     if slot == Slot::Person || (wh == "what" && np.is_empty()) {
-        // `who's going to be conducting`: the verb comes after `going to be`.
+        // `who's going to be conducting`: the verb comes after `going to be` (only where
+        // those words lead, among the auxiliaries: `who needs to sign` keeps its `to`).
+        let future = |w: &str| matches!(w, "going" | "gonna" | "to" | "be" | "been" | "being");
+        let lead = ws[i + 1..]
+            .iter()
+            .take_while(|w| AUX.contains(&w.as_str()) || future(w))
+            .count();
         let after: Vec<&String> = ws[i + 1..]
             .iter()
-            .filter(|w| {
-                !matches!(
-                    w.as_str(),
-                    "going" | "gonna" | "to" | "be" | "been" | "being"
-                )
-            })
+            .enumerate()
+            .filter(|(k, w)| *k >= lead || !future(w))
+            .map(|(_, w)| w)
             .collect();
         // `who should I ring`: with a subject of its own between, the verb says what is
         // done to the one asked about, not what they are. (`What are we asking for her`
@@ -2215,36 +2218,27 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
 /// (see [`counted_noun`]) a few words after the number (`6 patrol tents` for `how many
 /// tents`, where the count span alone stops at `6 patrol`).
 fn with_counted_noun(sub: &SubQuestion, text: &str, span: &str) -> Option<String> {
+    static WORD: OnceLock<Regex> = OnceLock::new();
     if sub.slot != Slot::Count {
         return None;
     }
     let noun = terms_of(&counted_noun(&sub.text)?);
     let at = text.find(span)?;
-    let number = span.split_whitespace().next()?;
-    let mut end = at + number.len();
-    let rest = &text[end..];
+    let rest = at + span.split_whitespace().next()?.len();
     // Up to three words after the number, within its clause.
-    for w in rest.split_inclusive(' ').take(4) {
-        let word = w.trim();
-        if word.is_empty() {
-            end += w.len();
-            continue;
-        }
-        let bare = word.trim_end_matches(|c: char| !c.is_alphanumeric());
+    for w in re(&WORD, r"\S+").find_iter(&text[rest..]).take(3) {
+        let bare = w.as_str().trim_end_matches(|c: char| !c.is_alphanumeric());
         if bare.is_empty() || !bare.chars().all(|c| c.is_alphabetic() || c == '-') {
             return None;
         }
-        let hit = terms_of(bare).iter().any(|t| noun.contains(t));
-        end += w.trim_end().len() - (word.len() - bare.len());
-        if hit {
-            let whole = text[at..end].trim().to_owned();
+        if terms_of(bare).iter().any(|t| noun.contains(t)) {
+            let whole = text[at..rest + w.start() + bare.len()].trim().to_owned();
             return (whole.len() > span.len()).then_some(whole);
         }
-        if bare.len() != word.len() {
+        if bare.len() != w.as_str().len() {
             // Punctuation ends the phrase.
             return None;
         }
-        end += w.len() - w.trim_end().len();
     }
     None
 }
@@ -4158,6 +4152,7 @@ mod tests {
             money_conversion_re(),
             age_group_re(),
             update_re(),
+            numbered_re(),
         ] {
             assert!(!r.as_str().is_empty());
         }
@@ -4412,6 +4407,11 @@ mod tests {
         assert_eq!(
             slot_of("who's going to be conducting on Saturday?").1,
             terms_of("conducting")
+        );
+        // Only a leading `going to be` is skipped: `who needs to sign` reads `needs to`.
+        assert_eq!(
+            slot_of("who needs to sign the form?").1,
+            terms_of("needs to")
         );
         // `who should I ring`: the verb is done to them; it names no role.
         assert_eq!(
