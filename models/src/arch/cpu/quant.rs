@@ -533,11 +533,21 @@ fn tokens_per_block(k: usize) -> usize {
     (ACT_BLOCK_BYTES / row.max(1)).max(4) / 4 * 4
 }
 
+/// Weight bytes a group of rows of a matmul holds while the tokens of a block pass over it:
+/// a quarter of the smallest L2 cache of the CPUs measured (1 MiB a core on AMD EPYC).
+const WEIGHT_GROUP_BYTES: usize = 256 << 10;
+
 /// Calls `emit(token, first_row, values)` for every tile of rows `rows` of `w` against the
 /// first `seq` rows of `acts`. The tokens go in blocks, each met by every row of the range
 /// before the next: the block's activations stay in cache, where one pass of all tokens per
 /// row group would stream them from memory again for every four rows once the prompt's
 /// activations outgrow the cache (at 1B scale, 512 tokens of an 8192-wide row are 4 MiB).
+/// Within a block the rows go in groups of at most [`WEIGHT_GROUP_BYTES`], and four tokens
+/// at a time meet every tile of the group: those tokens' activations stay in the L1 cache
+/// and the group's weights in L2, where four rows meeting every token of the block in turn
+/// read the block's activations from L2 for every tile. On a 2-core Sapphire Rapids Xeon
+/// this took the prompt speed of the 1B Q4_K_M shape from 77-93 to 120-125 tokens/s
+/// (`benches/RESULTS.md`, issue 14).
 fn for_tiles(
     isa: Isa,
     w: &QMatrix,
@@ -547,50 +557,60 @@ fn for_tiles(
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     let block = tokens_per_block(acts.k);
+    let row_bytes = w.bytes() / w.rows.max(1);
+    let group = (WEIGHT_GROUP_BYTES / row_bytes.max(1)).max(4) / 4 * 4;
     let mut c0 = 0;
     while c0 < seq {
         let cols = c0..(c0 + block).min(seq);
-        let mut r = rows.start;
-        while r < rows.end {
-            if r + 4 <= rows.end {
-                tiles_of_rows::<4>(isa, w, r, acts, cols.clone(), emit);
-                r += 4;
-            } else {
-                tiles_of_rows::<1>(isa, w, r, acts, cols.clone(), emit);
-                r += 1;
+        let mut g0 = rows.start;
+        while g0 < rows.end {
+            let g = g0..(g0 + group).min(rows.end);
+            let mut c = cols.start;
+            while c < cols.end {
+                if c + 4 <= cols.end {
+                    tiles_of_tokens::<4>(isa, w, g.clone(), acts, c, emit);
+                    c += 4;
+                } else {
+                    tiles_of_tokens::<1>(isa, w, g.clone(), acts, c, emit);
+                    c += 1;
+                }
             }
+            g0 = g.end;
         }
         c0 = cols.end;
     }
 }
 
-/// The tiles of rows `r0..r0 + R` against the tokens `cols`.
-fn tiles_of_rows<const R: usize>(
+/// The tiles of the tokens `c..c + C` against the rows `rows` (four at a time, then one).
+fn tiles_of_tokens<const C: usize>(
     isa: Isa,
     w: &QMatrix,
-    r0: usize,
+    rows: Range<usize>,
     acts: &QActs,
-    cols: Range<usize>,
+    c: usize,
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     // No software prefetch: with a tile's rows interleaved into one stream, the hardware
     // prefetcher keeps up, and prefetching 16 rows ahead slowed 1B decode on one AMD EPYC
     // thread from 16.4 to 10.5 tokens/s (benches/RESULTS.md, issue 14).
-    let wr = w.view(r0, R);
-    let mut c = cols.start;
-    while c + 4 <= cols.end {
-        let mut out = [[0f32; R]; 4];
-        kernels::tile::<R, 4>(isa, &wr, &acts.view(c, 4), &mut out);
-        for (i, o) in out.iter().enumerate() {
-            emit(c + i, r0, o);
+    let a = acts.view(c, C);
+    let mut r = rows.start;
+    while r < rows.end {
+        if r + 4 <= rows.end {
+            let mut out = [[0f32; 4]; C];
+            kernels::tile::<4, C>(isa, &w.view(r, 4), &a, &mut out);
+            for (i, o) in out.iter().enumerate() {
+                emit(c + i, r, o);
+            }
+            r += 4;
+        } else {
+            let mut out = [[0f32; 1]; C];
+            kernels::tile::<1, C>(isa, &w.view(r, 1), &a, &mut out);
+            for (i, o) in out.iter().enumerate() {
+                emit(c + i, r, o);
+            }
+            r += 1;
         }
-        c += 4;
-    }
-    while c < cols.end {
-        let mut out = [[0f32; R]; 1];
-        kernels::tile::<R, 1>(isa, &wr, &acts.view(c, 1), &mut out);
-        emit(c, r0, &out[0]);
-        c += 1;
     }
 }
 
