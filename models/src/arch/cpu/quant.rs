@@ -546,8 +546,8 @@ const WEIGHT_GROUP_BYTES: usize = 256 << 10;
 /// at a time meet every tile of the group: those tokens' activations stay in the L1 cache
 /// and the group's weights in L2, where four rows meeting every token of the block in turn
 /// read the block's activations from L2 for every tile. On a 2-core Sapphire Rapids Xeon
-/// this took the prompt speed of the 1B Q4_K_M shape from 77-93 to 120-125 tokens/s
-/// (`benches/RESULTS.md`, issue 14).
+/// this took the prompt speed of the 1B Q4_K_M shape from 81-84 to 101-117 tokens/s in an
+/// alternating A/B (`benches/RESULTS.md`, issue 14).
 fn for_tiles(
     isa: Isa,
     w: &QMatrix,
@@ -597,20 +597,29 @@ fn tiles_of_tokens<const C: usize>(
     let mut r = rows.start;
     while r < rows.end {
         if r + 4 <= rows.end {
-            let mut out = [[0f32; 4]; C];
-            kernels::tile::<4, C>(isa, &w.view(r, 4), &a, &mut out);
-            for (i, o) in out.iter().enumerate() {
-                emit(c + i, r, o);
-            }
+            tile_and_emit::<4, C>(isa, w, r, &a, c, emit);
             r += 4;
         } else {
-            let mut out = [[0f32; 1]; C];
-            kernels::tile::<1, C>(isa, &w.view(r, 1), &a, &mut out);
-            for (i, o) in out.iter().enumerate() {
-                emit(c + i, r, o);
-            }
+            tile_and_emit::<1, C>(isa, w, r, &a, c, emit);
             r += 1;
         }
+    }
+}
+
+/// One tile, rows `r..r + R` against the tokens `c..c + C` (`a`), each token's values
+/// handed to `emit`.
+fn tile_and_emit<const R: usize, const C: usize>(
+    isa: Isa,
+    w: &QMatrix,
+    r: usize,
+    a: &ActRows<'_>,
+    c: usize,
+    emit: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    let mut out = [[0f32; R]; C];
+    kernels::tile::<R, C>(isa, &w.view(r, R), a, &mut out);
+    for (i, o) in out.iter().enumerate() {
+        emit(c + i, r, o);
     }
 }
 
