@@ -21,8 +21,13 @@
 //!   this passage answer the question?", alone and fused with the lexical order by
 //!   reciprocal rank. `STARLING_TEST_LLM` picks the model (a GGUF path).
 //!
+//! - with `--copy K`: the chat model shown the lexical top K units of the sub-question that
+//!   ranks the quoting unit best, and made to copy its answer from them (greedy, constrained
+//!   to a run of whole words of one unit): how often the copy holds the answer, against
+//!   the pipeline's own span. `COPY_SHOW=1` prints each copy (never on an unread set).
+//!
 //! ```text
-//! cargo run --release -p starling-node --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--dense-weight W] FILE...
+//! cargo run --release -p starling-node --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--judge K] [--copy K] [--maxsim K] [--dense-weight W] FILE...
 //! ```
 //!
 //! Results and what they mean for the design: `benches/swarm_qa/README.md`.
@@ -160,6 +165,42 @@ fn judge(engine: &Engine, unit: &Unit, question: &str) -> anyhow::Result<f32> {
     Ok(yes - no)
 }
 
+/// The chat model reads `units` and the question and copies its answer from them: the
+/// output is constrained to a run of whole words of one unit (llguidance's
+/// `substring_words`), greedy. Returns the copied text.
+fn copy_answer(engine: &Engine, units: &[&Unit], question: &str) -> anyhow::Result<String> {
+    let mut notes = String::new();
+    let mut rules = Vec::new();
+    for (i, u) in units.iter().enumerate() {
+        let line = if u.heading.is_empty() {
+            u.text.clone()
+        } else {
+            format!("{}: {}", u.heading, u.text)
+        };
+        notes.push_str(&format!("- {line}\n"));
+        let spec = serde_json::json!({ "substring_words": u.text });
+        rules.push(format!("u{i}: %regex {spec}"));
+    }
+    let names: Vec<String> = (0..units.len()).map(|i| format!("u{i}")).collect();
+    let grammar = format!("start: {}\n{}\n", names.join(" | "), rules.join("\n"));
+    let prompt = format!(
+        "Notes:\n{notes}\nQuestion: {question}\nAnswer with the exact words from the notes, as short as possible."
+    );
+    let mut req = GenerateRequest::chat(vec![ChatMessage::user(prompt)]);
+    req.max_tokens = 24;
+    req.sampling.temperature = 0.0;
+    req.sampling.repeat_penalty = 1.0;
+    req.constraint = Some(Constraint::Lark(grammar));
+    let mut g = engine.generate(req)?;
+    let mut out = String::new();
+    while let Some(chunk) = g.blocking_next() {
+        if let Chunk::Text(t) = chunk? {
+            out.push_str(&t);
+        }
+    }
+    Ok(out.trim().to_string())
+}
+
 /// Best ranks of the quoting unit among the lexical top `k` of each sub-question, ordered
 /// by `score` alone and fused with the lexical order (RRF).
 fn rerank_ranks(
@@ -218,6 +259,7 @@ fn main() -> anyhow::Result<()> {
     let mut upr_text = false;
     let mut judge_k: Option<usize> = None;
     let mut maxsim_k: Option<usize> = None;
+    let mut copy_k: Option<usize> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -234,6 +276,13 @@ fn main() -> anyhow::Result<()> {
                 maxsim_k = Some(
                     args.next()
                         .ok_or_else(|| anyhow::anyhow!("--maxsim needs a value"))?
+                        .parse()?,
+                )
+            }
+            "--copy" => {
+                copy_k = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--copy needs a value"))?
                         .parse()?,
                 )
             }
@@ -255,7 +304,7 @@ fn main() -> anyhow::Result<()> {
     }
     anyhow::ensure!(!files.is_empty(), "name one or more scenario files");
     let embedder = BertEmbedder::load(starling_models::testing::embedding_model())?;
-    let engine = if choice || upr.is_some() || judge_k.is_some() {
+    let engine = if choice || upr.is_some() || judge_k.is_some() || copy_k.is_some() {
         Some(Engine::load(
             &starling_models::testing::chat_model(),
             &EngineConfig::default(),
@@ -272,6 +321,9 @@ fn main() -> anyhow::Result<()> {
         let (mut upr_alone, mut upr_fused) = (Ranks::default(), Ranks::default());
         let (mut judge_alone, mut judge_fused) = (Ranks::default(), Ranks::default());
         let (mut late_alone, mut late_fused) = (Ranks::default(), Ranks::default());
+        // --copy: parts asked, lexical span right, copy right, copy right in <= 8 words,
+        // words copied in all.
+        let mut copied = [0usize; 5];
         for s in &scenarios {
             if s.tier == "calc" || s.tier == "unanswerable" {
                 continue;
@@ -314,6 +366,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 // Best over the sub-questions: (rank, span holds the alias).
                 let mut best_lex: Option<(usize, bool)> = None;
+                let mut best_sub = 0;
                 let (mut best_dense, mut best_hybrid): (Option<usize>, Option<usize>) =
                     (None, None);
                 for (sub, q) in subs.iter().zip(&sub_vectors) {
@@ -322,6 +375,7 @@ fn main() -> anyhow::Result<()> {
                         let ok = found[r].span.as_deref().is_some_and(|x| part.quoted_in(x));
                         if best_lex.is_none_or(|(br, bok)| r < br || (r == br && ok && !bok)) {
                             best_lex = Some((r, ok));
+                            best_sub = subs.iter().position(|x| std::ptr::eq(x, sub)).unwrap_or(0);
                         }
                     }
                     let cos: Vec<f32> = unit_vectors.iter().map(|v| dot(v, q)).collect();
@@ -361,6 +415,30 @@ fn main() -> anyhow::Result<()> {
                     judge_alone.add(a);
                     judge_fused.add(f);
                 }
+                if let (Some(engine), Some(k), Some((r, ok))) = (&engine, copy_k, best_lex) {
+                    if r < k {
+                        let sub = &subs[best_sub];
+                        let found = grounded::locate(sub, &units, k);
+                        let shown: Vec<&Unit> = found.iter().map(|l| &l.unit).collect();
+                        let answer = copy_answer(engine, &shown, &sub.text)?;
+                        let n = answer.split_whitespace().count();
+                        let right = part.quoted_in(&answer);
+                        copied[0] += 1;
+                        copied[1] += usize::from(r == 0 && ok);
+                        copied[2] += usize::from(right);
+                        copied[3] += usize::from(right && n <= 8);
+                        copied[4] += n;
+                        if std::env::var_os("COPY_SHOW").is_some() {
+                            eprintln!(
+                                "{} | {} | lex {} | copy {:?}",
+                                s.id,
+                                sub.text,
+                                r == 0 && ok,
+                                answer
+                            );
+                        }
+                    }
+                }
                 if let (Some(engine), true) = (&engine, choice) {
                     let best = subs
                         .iter()
@@ -395,6 +473,13 @@ fn main() -> anyhow::Result<()> {
         if let Some(k) = judge_k {
             println!("  lexical top {k} judged one by one (yes - no)  {judge_alone}");
             println!("  lexical top {k} fused with the judge (RRF)  {judge_fused}");
+        }
+        if let Some(k) = copy_k {
+            let [n, lex, right, short, words] = copied;
+            println!(
+                "  copy from the lexical top {k} ({n} parts): lexical span right {lex}, copy right {right} ({short} in <= 8 words), mean words {:.1}",
+                words as f32 / n.max(1) as f32
+            );
         }
         if choice {
             println!(
