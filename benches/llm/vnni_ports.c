@@ -40,30 +40,24 @@ static double ghz(void) {
     return n * 12.0 / t / 1e9;
 }
 
+/* Prints how many of the instructions in `code` (12 per iteration) retire per cycle. */
+#define MEASURE(name, code)                                                                \
+    do {                                                                                   \
+        double t = now();                                                                  \
+        for (long i = 0; i < IT; i++)                                                      \
+            __asm__ volatile(code ::: CLOBBER);                                            \
+        t = now() - t;                                                                     \
+        printf("  %-20s %.2f per cycle\n", name, IT * 12 / t / 1e9 / f);                  \
+    } while (0)
+
 int main(void) {
     for (int round = 0; round < 2; round++) {
-        double f = ghz(), t;
+        double f = ghz();
         printf("round %d: core clock ~%.2f GHz\n", round + 1, f);
-        t = now();
-        for (long i = 0; i < IT; i++)
-            __asm__ volatile(TWELVE(Z, "vpdpbusd") ::: CLOBBER);
-        t = now() - t;
-        printf("  vpdpbusd zmm      %.2f per cycle\n", IT * 12 / t / 1e9 / f);
-        t = now();
-        for (long i = 0; i < IT; i++)
-            __asm__ volatile(TWELVE(YM, 0) ::: CLOBBER);
-        t = now() - t;
-        printf("  vpdpbusd ymm (VEX) %.2f per cycle\n", IT * 12 / t / 1e9 / f);
-        t = now();
-        for (long i = 0; i < IT; i++)
-            __asm__ volatile(TWELVE(Z, "vpaddd") ::: CLOBBER);
-        t = now() - t;
-        printf("  vpaddd zmm        %.2f per cycle\n", IT * 12 / t / 1e9 / f);
-        t = now();
-        for (long i = 0; i < IT; i++)
-            __asm__ volatile(TWELVE(Z, "vfmadd231ps") ::: CLOBBER);
-        t = now() - t;
-        printf("  vfmadd231ps zmm   %.2f per cycle\n", IT * 12 / t / 1e9 / f);
+        MEASURE("vpdpbusd zmm", TWELVE(Z, "vpdpbusd"));
+        MEASURE("vpdpbusd ymm (VEX)", TWELVE(YM, 0));
+        MEASURE("vpaddd zmm", TWELVE(Z, "vpaddd"));
+        MEASURE("vfmadd231ps zmm", TWELVE(Z, "vfmadd231ps"));
     }
     return 0;
 }
