@@ -27,7 +27,7 @@
 //!   the pipeline's own span. `COPY_SHOW=1` prints each copy (never on an unread set).
 //!
 //! ```text
-//! cargo run --release -p starling-node --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--judge K] [--copy K] [--maxsim K] [--dense-weight W] FILE...
+//! cargo run --release -p starling-eval --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--judge K] [--copy K] [--maxsim K] [--dense-weight W] FILE...
 //! ```
 //!
 //! Results and what they mean for the design: `benches/swarm_qa/README.md`.
@@ -122,6 +122,15 @@ fn model_choice(
     Ok(None)
 }
 
+/// A unit as the chat model is shown it: its heading, if any, before its text.
+fn passage(unit: &Unit) -> String {
+    if unit.heading.is_empty() {
+        unit.text.clone()
+    } else {
+        format!("{}: {}", unit.heading, unit.text)
+    }
+}
+
 /// How likely the model finds `question` after `unit` (mean log-probability per token).
 fn query_likelihood(
     engine: &Engine,
@@ -129,11 +138,7 @@ fn query_likelihood(
     question: &str,
     raw: bool,
 ) -> anyhow::Result<f32> {
-    let passage = if unit.heading.is_empty() {
-        unit.text.clone()
-    } else {
-        format!("{}: {}", unit.heading, unit.text)
-    };
+    let passage = passage(unit);
     let prompt = if raw {
         Prompt::Text(format!(
             "Passage: {passage}\nA question this passage answers:"
@@ -152,11 +157,7 @@ fn query_likelihood(
 /// How much more likely the model finds `Yes` than `No` as the answer to whether `unit`
 /// answers `question` (log-probabilities, each passage judged alone).
 fn judge(engine: &Engine, unit: &Unit, question: &str) -> anyhow::Result<f32> {
-    let passage = if unit.heading.is_empty() {
-        unit.text.clone()
-    } else {
-        format!("{}: {}", unit.heading, unit.text)
-    };
+    let passage = passage(unit);
     let prompt = Prompt::Chat(vec![ChatMessage::user(format!(
         "Passage: {passage}\n\nQuestion: {question}\n\nDoes the passage answer the question? Answer Yes or No."
     ))]);
@@ -172,12 +173,7 @@ fn copy_answer(engine: &Engine, units: &[&Unit], question: &str) -> anyhow::Resu
     let mut notes = String::new();
     let mut rules = Vec::new();
     for (i, u) in units.iter().enumerate() {
-        let line = if u.heading.is_empty() {
-            u.text.clone()
-        } else {
-            format!("{}: {}", u.heading, u.text)
-        };
-        notes.push_str(&format!("- {line}\n"));
+        notes.push_str(&format!("- {}\n", passage(u)));
         let spec = serde_json::json!({ "substring_words": u.text });
         rules.push(format!("u{i}: %regex {spec}"));
     }
@@ -369,13 +365,13 @@ fn main() -> anyhow::Result<()> {
                 let mut best_sub = 0;
                 let (mut best_dense, mut best_hybrid): (Option<usize>, Option<usize>) =
                     (None, None);
-                for (sub, q) in subs.iter().zip(&sub_vectors) {
+                for (i, (sub, q)) in subs.iter().zip(&sub_vectors).enumerate() {
                     let found = grounded::locate(sub, &units, 10);
                     if let Some(r) = found.iter().position(|l| part.quoted_in(&l.unit.text)) {
                         let ok = found[r].span.as_deref().is_some_and(|x| part.quoted_in(x));
                         if best_lex.is_none_or(|(br, bok)| r < br || (r == br && ok && !bok)) {
                             best_lex = Some((r, ok));
-                            best_sub = subs.iter().position(|x| std::ptr::eq(x, sub)).unwrap_or(0);
+                            best_sub = i;
                         }
                     }
                     let cos: Vec<f32> = unit_vectors.iter().map(|v| dot(v, q)).collect();
