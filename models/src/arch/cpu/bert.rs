@@ -471,7 +471,11 @@ impl CpuBert {
         } else {
             &mut scratch.acts_ffn
         };
-        let outliers = Outliers::find(x, if split { tokens } else { 0 }, k);
+        let outliers = if split {
+            Outliers::find(x, tokens, k)
+        } else {
+            Outliers::none()
+        };
         if outliers.is_empty() {
             quant::quantize(&self.pool, x, tokens, None, acts);
         } else {
@@ -693,6 +697,14 @@ impl Outliers {
         }
         starts.push(cols.len());
         Self { cols, starts }
+    }
+
+    /// No outliers: every value goes through the 8-bit product.
+    fn none() -> Self {
+        Self {
+            cols: Vec::new(),
+            starts: Vec::new(),
+        }
     }
 
     fn is_empty(&self) -> bool {
