@@ -343,6 +343,9 @@ impl Default for Bm25Params {
 struct Posting {
     slot: u32,
     tf: u32,
+    /// Length of the slot's document, kept here so that scoring reads the postings alone
+    /// (a lookup in `slots` per posting was a cache miss each on large indexes).
+    len: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -422,8 +425,9 @@ impl Bm25Index {
                 (self.slots.len() - 1) as u32
             }
         };
+        let len = tokens.len() as u32;
         for (id, tf) in counts {
-            self.postings[id as usize].push(Posting { slot, tf });
+            self.postings[id as usize].push(Posting { slot, tf, len });
         }
         self.total_len += tokens.len() as u64;
         self.by_key.insert(key, slot);
@@ -500,7 +504,7 @@ impl Bm25Index {
             let df = list.len() as f32;
             let idf = (1.0 + (n as f32 - df + 0.5) / (df + 0.5)).ln();
             for p in list {
-                let len = self.slots[p.slot as usize].len as f32;
+                let len = p.len as f32;
                 let tf = p.tf as f32;
                 let s = idf * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * len / avg_len));
                 let acc = &mut scores[p.slot as usize];

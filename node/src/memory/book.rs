@@ -1183,7 +1183,11 @@ impl MemoryBook {
         // k + 1 passes always suffice.
         for _ in 0..=k {
             let prior = |key: u64| -> f32 {
-                if excluded_keys.contains(&key) || capped.contains(author_of(key)) {
+                // The sets are empty on the first pass, which is usually the only one: the
+                // checks then cost nothing (looking up the author is a cache miss per entry).
+                if (!excluded_keys.is_empty() && excluded_keys.contains(&key))
+                    || (!capped.is_empty() && capped.contains(author_of(key)))
+                {
                     return 0.0;
                 }
                 if with_prior {
