@@ -157,6 +157,52 @@ struct LayerNorm {
 struct Linear {
     weight: QMatrix,
     bias: Vec<f32>,
+    /// Dequantised weight columns of the input channels split out as outliers.
+    columns: ColumnCache,
+}
+
+/// Weight columns in f32, kept after first use for at most `k / 8` of the `k` input
+/// channels. The outliers of BERT's hidden states fall on a few fixed channels (on the
+/// memory benchmark's 56 queries, each all-MiniLM-L6-v2 projection saw 12 to 76 distinct
+/// ones, a handful of them in every text), and reading a column out of the row-major Q8_0
+/// blocks costs a cache miss per row: a fifth of a batch-1 embedding before this cache.
+/// The cached values are the ones [`QMatrix::column`] gives, so vectors do not change.
+struct ColumnCache {
+    slots: Vec<std::sync::OnceLock<Box<[f32]>>>,
+    /// Columns claimed so far (never more than `budget` are filled).
+    claimed: std::sync::atomic::AtomicUsize,
+    budget: usize,
+}
+
+impl ColumnCache {
+    fn new(k: usize) -> Self {
+        Self {
+            slots: (0..k).map(|_| std::sync::OnceLock::new()).collect(),
+            claimed: std::sync::atomic::AtomicUsize::new(0),
+            budget: k / 8,
+        }
+    }
+
+    /// Column `c` of `weight`, from the cache or added to it; `None` once the budget is
+    /// spent on other columns (the caller dequantises it itself).
+    fn get(&self, weight: &QMatrix, c: usize) -> Option<&[f32]> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slot = self.slots.get(c)?;
+        if let Some(column) = slot.get() {
+            return Some(column);
+        }
+        // Two threads may claim the same column; it is filled once, so at most `budget`
+        // columns are ever stored.
+        if self.claimed.fetch_add(1, Relaxed) >= self.budget {
+            self.claimed.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(slot.get_or_init(|| {
+            let mut column = vec![0f32; weight.rows()];
+            weight.column(c, &mut column);
+            column.into_boxed_slice()
+        }))
+    }
 }
 
 struct Layer {
@@ -246,6 +292,7 @@ impl CpuBert {
                 weight: quantize_q8_0(&weight, n, k, layout)
                     .map_err(|e| format!("{}: {e}", names[0]))?,
                 bias,
+                columns: ColumnCache::new(k),
             })
         };
 
@@ -497,18 +544,32 @@ impl CpuBert {
         let mut used: Vec<u32> = outliers.cols.clone();
         used.sort_unstable();
         used.dedup();
-        let mut columns = vec![0f32; used.len() * width];
-        for (&c, column) in used.iter().zip(columns.chunks_exact_mut(width)) {
-            l.weight.column(c as usize, column);
+        let cached: Vec<Option<&[f32]>> = used
+            .iter()
+            .map(|&c| l.columns.get(&l.weight, c as usize))
+            .collect();
+        let missing = cached.iter().filter(|c| c.is_none()).count();
+        let mut spilled = vec![0f32; missing * width];
+        let mut free = spilled.chunks_exact_mut(width);
+        for (&c, _) in used.iter().zip(&cached).filter(|(_, c)| c.is_none()) {
+            if let Some(column) = free.next() {
+                l.weight.column(c as usize, column);
+            }
         }
+        let mut spilled = spilled.chunks_exact(width);
+        let columns: Vec<&[f32]> = cached
+            .iter()
+            .map(|c| c.or_else(|| spilled.next()).unwrap_or(&[]))
+            .collect();
         self.rows(&mut out[..tokens * width], width, &|t, row| {
             for &c in outliers.of(t) {
                 let Ok(i) = used.binary_search(&c) else {
                     continue;
                 };
                 let v = x[t * k + c as usize];
-                let column = &columns[i * width..(i + 1) * width];
-                row.iter_mut().zip(column).for_each(|(o, w)| *o += v * w);
+                row.iter_mut()
+                    .zip(columns[i])
+                    .for_each(|(o, w)| *o += v * w);
             }
         });
     }
@@ -777,6 +838,29 @@ fn erf(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn column_cache_keeps_at_most_its_budget_and_gives_the_dequantised_columns() {
+        let (rows, k) = (8, 64);
+        let values: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let weight = quantize_q8_0(&values, rows, k, Layout::for_isa(Isa::detect())).unwrap();
+        let cache = ColumnCache::new(k);
+        assert_eq!(cache.budget, 8);
+        let mut expected = vec![0f32; rows];
+        for c in 0..8 {
+            weight.column(c * 3, &mut expected);
+            assert_eq!(cache.get(&weight, c * 3).unwrap(), &expected[..]);
+        }
+        // The budget is spent: a new column is not stored, the stored ones still come back.
+        assert!(cache.get(&weight, 1).is_none());
+        assert!(cache.slots[1].get().is_none());
+        weight.column(21, &mut expected);
+        assert_eq!(cache.get(&weight, 21).unwrap(), &expected[..]);
+        assert_eq!(cache.slots.iter().filter(|s| s.get().is_some()).count(), 8);
+        assert!(cache.get(&weight, k).is_none());
+    }
 
     #[test]
     fn erf_matches_known_values() {
