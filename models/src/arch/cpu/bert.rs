@@ -836,6 +836,7 @@ fn erf(x: f32) -> f32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
