@@ -191,17 +191,23 @@ impl ColumnCache {
         if let Some(column) = slot.get() {
             return Some(column);
         }
-        // Two threads may claim the same column; it is filled once, so at most `budget`
-        // columns are ever stored.
+        // A claim is taken before filling, so at most `budget` columns are ever stored;
+        // a thread that loses the race to fill the same column gives its claim back.
         if self.claimed.fetch_add(1, Relaxed) >= self.budget {
             self.claimed.fetch_sub(1, Relaxed);
             return None;
         }
-        Some(slot.get_or_init(|| {
+        let mut filled = false;
+        let column = slot.get_or_init(|| {
+            filled = true;
             let mut column = vec![0f32; weight.rows()];
             weight.column(c, &mut column);
             column.into_boxed_slice()
-        }))
+        });
+        if !filled {
+            self.claimed.fetch_sub(1, Relaxed);
+        }
+        Some(column)
     }
 }
 
@@ -544,22 +550,17 @@ impl CpuBert {
         let mut used: Vec<u32> = outliers.cols.clone();
         used.sort_unstable();
         used.dedup();
-        let cached: Vec<Option<&[f32]>> = used
+        // From the cache, or dequantised here once its budget is spent.
+        let columns: Vec<std::borrow::Cow<'_, [f32]>> = used
             .iter()
-            .map(|&c| l.columns.get(&l.weight, c as usize))
-            .collect();
-        let missing = cached.iter().filter(|c| c.is_none()).count();
-        let mut spilled = vec![0f32; missing * width];
-        let mut free = spilled.chunks_exact_mut(width);
-        for (&c, _) in used.iter().zip(&cached).filter(|(_, c)| c.is_none()) {
-            if let Some(column) = free.next() {
-                l.weight.column(c as usize, column);
-            }
-        }
-        let mut spilled = spilled.chunks_exact(width);
-        let columns: Vec<&[f32]> = cached
-            .iter()
-            .map(|c| c.or_else(|| spilled.next()).unwrap_or(&[]))
+            .map(|&c| match l.columns.get(&l.weight, c as usize) {
+                Some(column) => std::borrow::Cow::Borrowed(column),
+                None => {
+                    let mut column = vec![0f32; width];
+                    l.weight.column(c as usize, &mut column);
+                    std::borrow::Cow::Owned(column)
+                }
+            })
             .collect();
         self.rows(&mut out[..tokens * width], width, &|t, row| {
             for &c in outliers.of(t) {
@@ -568,7 +569,7 @@ impl CpuBert {
                 };
                 let v = x[t * k + c as usize];
                 row.iter_mut()
-                    .zip(columns[i])
+                    .zip(columns[i].iter())
                     .for_each(|(o, w)| *o += v * w);
             }
         });
@@ -861,6 +862,28 @@ mod tests {
         assert_eq!(cache.get(&weight, 21).unwrap(), &expected[..]);
         assert_eq!(cache.slots.iter().filter(|s| s.get().is_some()).count(), 8);
         assert!(cache.get(&weight, k).is_none());
+
+        // Threads racing for the same columns fill each once and give back the claims that
+        // lost, so every claim left is a stored column and the budget still goes to
+        // distinct columns. (A racing thread may see a transient `None`: callers spill.)
+        let cache = ColumnCache::new(k);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for c in 0..8 {
+                        let _ = cache.get(&weight, c);
+                    }
+                });
+            }
+        });
+        let stored = || cache.slots.iter().filter(|s| s.get().is_some()).count();
+        let claimed = || cache.claimed.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(claimed(), stored());
+        for c in 0..8 {
+            assert!(cache.get(&weight, c).is_some());
+        }
+        assert_eq!((claimed(), stored()), (8, 8));
+        assert!(cache.get(&weight, 8).is_none());
     }
 
     #[test]
