@@ -200,15 +200,20 @@ impl ColumnCache {
         let mut filled = false;
         let column = slot.get_or_init(|| {
             filled = true;
-            let mut column = vec![0f32; weight.rows()];
-            weight.column(c, &mut column);
-            column.into_boxed_slice()
+            dequantised_column(weight, c).into_boxed_slice()
         });
         if !filled {
             self.claimed.fetch_sub(1, Relaxed);
         }
         Some(column)
     }
+}
+
+/// Column `c` of `weight` (input channel `c` of every output row), dequantised.
+fn dequantised_column(weight: &QMatrix, c: usize) -> Vec<f32> {
+    let mut column = vec![0f32; weight.rows()];
+    weight.column(c, &mut column);
+    column
 }
 
 struct Layer {
@@ -555,11 +560,7 @@ impl CpuBert {
             .iter()
             .map(|&c| match l.columns.get(&l.weight, c as usize) {
                 Some(column) => std::borrow::Cow::Borrowed(column),
-                None => {
-                    let mut column = vec![0f32; width];
-                    l.weight.column(c as usize, &mut column);
-                    std::borrow::Cow::Owned(column)
-                }
+                None => std::borrow::Cow::Owned(dequantised_column(&l.weight, c as usize)),
             })
             .collect();
         self.rows(&mut out[..tokens * width], width, &|t, row| {
