@@ -333,6 +333,9 @@ impl QMatrix {
 pub(crate) struct QActs {
     k: usize,
     layout: Layout,
+    /// The instruction set that quantises rows into these blocks (every tier gives the
+    /// same bits; see [`quantize_block`]).
+    isa: Isa,
     nbp: usize,
     q: Vec<i8>,
     d: Vec<f32>,
@@ -341,12 +344,13 @@ pub(crate) struct QActs {
 }
 
 impl QActs {
-    /// Storage for rows of width `k` (a multiple of 32) arranged as `layout`, initially
-    /// for no tokens.
-    pub(crate) fn new(k: usize, layout: Layout) -> Self {
+    /// Storage for rows of width `k` (a multiple of 32) arranged as `layout` and
+    /// quantised with `isa`, initially for no tokens.
+    pub(crate) fn new(k: usize, layout: Layout, isa: Isa) -> Self {
         Self {
             k,
             layout,
+            isa,
             nbp: (k / BLOCK).next_multiple_of(2),
             q: Vec::new(),
             d: Vec::new(),
@@ -388,9 +392,191 @@ struct RowOut<'a> {
     h: &'a mut [f32],
 }
 
+/// Quantises one 32-value block, `x` (times `gain` and the optional per-value `weight`,
+/// multiplied in that order), into `out`: returns the block's unrounded scale
+/// (`max |v| / 127`) and the sums of the quantised values of its two halves. Values are
+/// rounded half to even, as ggml's SIMD quantisers do, and every tier gives the same bits
+/// as the portable code (`quantize_block_tiers_agree_bit_for_bit`).
+fn quantize_block(
+    isa: Isa,
+    x: &[f32],
+    gain: f32,
+    weight: Option<&[f32]>,
+    out: &mut [i8],
+) -> (f32, [i32; 2]) {
+    let (x, out) = (&x[..BLOCK], &mut out[..BLOCK]);
+    let weight = weight.map(|w| &w[..BLOCK]);
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        // SAFETY: the tier is only chosen on a CPU that has it (`Isa::available`), and
+        // every slice holds BLOCK values (checked above).
+        Isa::Avx512Vnni => return unsafe { x86q::block_avx512(x, gain, weight, out) },
+        Isa::Avx2 | Isa::Avx => return unsafe { x86q::block_avx(x, gain, weight, out) },
+        Isa::Neon | Isa::Scalar => {}
+    }
+    let _ = isa;
+    let mut v = [0f32; BLOCK];
+    match weight {
+        Some(w) => {
+            for j in 0..BLOCK {
+                v[j] = x[j] * gain * w[j];
+            }
+        }
+        None => v.copy_from_slice(x),
+    }
+    let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = amax / 127.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sums = [0i32; 2];
+    // Each half on its own (a branch in one loop would keep it from vectorising).
+    for ((os, vs), sum) in out
+        .chunks_exact_mut(BLOCK / 2)
+        .zip(v.chunks_exact(BLOCK / 2))
+        .zip(&mut sums)
+    {
+        for (o, &x) in os.iter_mut().zip(vs) {
+            let r = (x * inv).round_ties_even() as i8;
+            *sum += r as i32;
+            *o = r;
+        }
+    }
+    (scale, sums)
+}
+
+/// The x86 tiers of [`quantize_block`]. The portable loop compiles to scalar code (a
+/// serial chain of `max` for the block's largest value and a saturating conversion value
+/// by value): about 2 ns a value, a sixth of a batch-1 embedding.
+#[cfg(target_arch = "x86_64")]
+mod x86q {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+
+    /// Lanes of the products `v · inv` clamped to the range of `i8` (an integer range, so
+    /// clamping before or after rounding is the same), NaN kept.
+    #[inline(always)]
+    unsafe fn clamp512(p: __m512) -> __m512 {
+        // `max`/`min` return the second operand when one is NaN, so NaN stays.
+        _mm512_min_ps(
+            _mm512_set1_ps(127.0),
+            _mm512_max_ps(_mm512_set1_ps(-128.0), p),
+        )
+    }
+
+    /// AVX-512 tier of [`super::quantize_block`]; the caller guarantees AVX-512 F/BW and
+    /// BLOCK values in every slice.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    pub(super) unsafe fn block_avx512(
+        x: &[f32],
+        gain: f32,
+        weight: Option<&[f32]>,
+        out: &mut [i8],
+    ) -> (f32, [i32; 2]) {
+        let mut v0 = _mm512_loadu_ps(x.as_ptr());
+        let mut v1 = _mm512_loadu_ps(x.as_ptr().add(16));
+        if let Some(w) = weight {
+            let g = _mm512_set1_ps(gain);
+            v0 = _mm512_mul_ps(_mm512_mul_ps(v0, g), _mm512_loadu_ps(w.as_ptr()));
+            v1 = _mm512_mul_ps(_mm512_mul_ps(v1, g), _mm512_loadu_ps(w.as_ptr().add(16)));
+        }
+        // `max(a, acc)` keeps `acc` where `a` is NaN: NaN is ignored, as by `f32::max`.
+        let m = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_setzero_ps());
+        let m = _mm512_max_ps(_mm512_abs_ps(v1), m);
+        let amax = _mm512_reduce_max_ps(m);
+        let scale = amax / 127.0;
+        let inv = _mm512_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
+        let mut sums = [0i32; 2];
+        for (h, v) in [v0, v1].into_iter().enumerate() {
+            let p = clamp512(_mm512_mul_ps(v, inv));
+            let r =
+                _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(p);
+            // NaN converts to i32::MIN; `as i8` makes it 0.
+            let r = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(p, p), r);
+            sums[h] = _mm512_reduce_add_epi32(r);
+            _mm_storeu_si128(out.as_mut_ptr().add(16 * h).cast(), _mm512_cvtepi32_epi8(r));
+        }
+        (scale, sums)
+    }
+
+    /// AVX tier of [`super::quantize_block`] (256-bit floats; the integer packing is
+    /// SSE2): for the AVX2 and AVX kernels. The caller guarantees AVX and BLOCK values in
+    /// every slice.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn block_avx(
+        x: &[f32],
+        gain: f32,
+        weight: Option<&[f32]>,
+        out: &mut [i8],
+    ) -> (f32, [i32; 2]) {
+        let mut v = [_mm256_setzero_ps(); BLOCK / 8];
+        for (i, vi) in v.iter_mut().enumerate() {
+            *vi = _mm256_loadu_ps(x.as_ptr().add(8 * i));
+            if let Some(w) = weight {
+                *vi = _mm256_mul_ps(
+                    _mm256_mul_ps(*vi, _mm256_set1_ps(gain)),
+                    _mm256_loadu_ps(w.as_ptr().add(8 * i)),
+                );
+            }
+        }
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        // `max(a, acc)` keeps `acc` where `a` is NaN: NaN is ignored, as by `f32::max`.
+        let mut m = _mm256_setzero_ps();
+        for vi in v {
+            m = _mm256_max_ps(_mm256_and_ps(vi, abs), m);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
+        let amax = _mm_cvtss_f32(m1);
+        let scale = amax / 127.0;
+        let inv = _mm256_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
+        let mut r = [_mm_setzero_si128(); BLOCK / 4];
+        for (i, vi) in v.into_iter().enumerate() {
+            let p = _mm256_min_ps(
+                _mm256_set1_ps(127.0),
+                _mm256_max_ps(_mm256_set1_ps(-128.0), _mm256_mul_ps(vi, inv)),
+            );
+            // Round half to even (the default rounding mode), then NaN to 0.
+            let q = _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(p));
+            let ordered = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(p, p));
+            let q = _mm256_castps_si256(_mm256_and_ps(
+                _mm256_castsi256_ps(q),
+                _mm256_castsi256_ps(ordered),
+            ));
+            r[2 * i] = _mm256_castsi256_si128(q);
+            r[2 * i + 1] = _mm256_extractf128_si256::<1>(q);
+        }
+        let mut sums = [0i32; 2];
+        for (h, sum) in sums.iter_mut().enumerate() {
+            let quarter = |j: usize| r[4 * h + j];
+            let s = _mm_add_epi32(
+                _mm_add_epi32(quarter(0), quarter(1)),
+                _mm_add_epi32(quarter(2), quarter(3)),
+            );
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+            *sum = _mm_cvtsi128_si32(s);
+            // Values lie in -128..=127, so the saturating packs change nothing.
+            let lo = _mm_packs_epi32(quarter(0), quarter(1));
+            let hi = _mm_packs_epi32(quarter(2), quarter(3));
+            _mm_storeu_si128(out.as_mut_ptr().add(16 * h).cast(), _mm_packs_epi16(lo, hi));
+        }
+        (scale, sums)
+    }
+}
+
 /// Quantises one row (`x` of `k` values, times `gain` and the optional per-value `weight`)
 /// into its block slices, arranged as `layout`.
-fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, layout: Layout, out: RowOut<'_>) {
+fn quantize_row(
+    isa: Isa,
+    x: &[f32],
+    gain: f32,
+    weight: Option<&[f32]>,
+    layout: Layout,
+    out: RowOut<'_>,
+) {
     let RowOut { q, d, s, h } = out;
     let nb = x.len() / BLOCK;
     let nbp = d.len();
@@ -411,38 +597,17 @@ fn quantize_row(x: &[f32], gain: f32, weight: Option<&[f32]>, layout: Layout, ou
             h[b] = 0.0;
             continue;
         }
-        let mut v = [0f32; BLOCK];
-        let xs = &x[b * BLOCK..(b + 1) * BLOCK];
-        match weight {
-            Some(w) => {
-                let ws = &w[b * BLOCK..(b + 1) * BLOCK];
-                for j in 0..BLOCK {
-                    v[j] = xs[j] * gain * ws[j];
-                }
-            }
-            None => v.copy_from_slice(xs),
-        }
-        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let scale = amax / 127.0;
-        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-        let mut sums = [0i32; 2];
         let block = match layout {
             Layout::Pairs => &mut q[b * BLOCK..(b + 1) * BLOCK],
             Layout::Lanes => &mut lane_block[..],
         };
-        // Each half on its own (a branch in one loop would keep it from vectorising).
-        for ((os, vs), sum) in block
-            .chunks_exact_mut(BLOCK / 2)
-            .zip(v.chunks_exact(BLOCK / 2))
-            .zip(&mut sums)
-        {
-            for (o, &x) in os.iter_mut().zip(vs) {
-                // Ties to even, like ggml's SIMD quantisers; it vectorises, unlike `round`.
-                let r = (x * inv).round_ties_even() as i8;
-                *sum += r as i32;
-                *o = r;
-            }
-        }
+        let (scale, sums) = quantize_block(
+            isa,
+            &x[b * BLOCK..(b + 1) * BLOCK],
+            gain,
+            weight.map(|w| &w[b * BLOCK..(b + 1) * BLOCK]),
+            block,
+        );
         let (sum, first) = (sums[0] + sums[1], sums[0]);
         if layout == Layout::Lanes {
             // Each group of four values goes to its lane of the chunk.
@@ -469,7 +634,7 @@ pub(crate) fn quantize(
     norm: Option<(&[f32], f32)>,
     acts: &mut QActs,
 ) {
-    let (k, layout) = (acts.k, acts.layout);
+    let (k, layout, isa) = (acts.k, acts.layout, acts.isa);
     acts.reserve(seq);
     let nbp = acts.nbp;
     let row = |c: usize, out: RowOut<'_>| {
@@ -478,7 +643,7 @@ pub(crate) fn quantize(
             Some((w, eps)) => (ops::rms_gain(xr, eps), Some(w)),
             None => (1.0, None),
         };
-        quantize_row(xr, gain, w, layout, out);
+        quantize_row(isa, xr, gain, w, layout, out);
     };
     let threads = pool.threads();
     if seq < 4 * threads {
@@ -825,7 +990,7 @@ mod tests {
                     let blocks = ggml_blocks(dtype, rows, k, &mut rng);
                     let w = QMatrix::from_ggml(dtype, rows, k, &blocks, layout).expect("repack");
                     let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
-                    let mut acts = QActs::new(k, layout);
+                    let mut acts = QActs::new(k, layout, isa);
                     quantize(&pool, &x, seq, None, &mut acts);
                     let stride = rows + 3;
                     let mut out = vec![1f32; seq * stride];
@@ -852,6 +1017,60 @@ mod tests {
                             "padding touched"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_block_tiers_agree_bit_for_bit() {
+        let mut rng = StdRng::seed_from_u64(17);
+        let mut blocks: Vec<Vec<f32>> = (0..2000)
+            .map(|i| {
+                // Magnitudes from subnormal to huge, so scales of every size occur.
+                let e: i32 = i % 60 - 30;
+                (0..BLOCK)
+                    .map(|_| rng.gen_range(-1f32..1.0) * 2f32.powi(4 * e))
+                    .collect()
+            })
+            .collect();
+        let tie = 127.0 / 2.0;
+        blocks.extend([
+            vec![0.0; BLOCK],
+            vec![-0.0; BLOCK],
+            // Halfway values (±0.5, ±1.5, … in units of the scale) round to even.
+            (0..BLOCK).map(|j| (j as f32 - 15.5) * tie / 15.5).collect(),
+            // NaN in every lane position of each tier's registers, one position at a time.
+        ]);
+        blocks.extend((0..BLOCK).map(|n| {
+            (0..BLOCK)
+                .map(|j| if j == n { f32::NAN } else { j as f32 - 7.0 })
+                .collect()
+        }));
+        blocks.extend([
+            (0..BLOCK)
+                .map(|j| if j == 9 { f32::INFINITY } else { -(j as f32) })
+                .collect(),
+            (0..BLOCK)
+                .map(|j| if j == 0 { f32::NEG_INFINITY } else { 1.0 })
+                .collect(),
+            (0..BLOCK).map(|j| j as f32 * 1e-44).collect(),
+            vec![f32::MAX; BLOCK],
+        ]);
+        let weight: Vec<f32> = (0..BLOCK).map(|_| rng.gen_range(-3f32..3.0)).collect();
+        for isa in Isa::available() {
+            for x in &blocks {
+                for (gain, w) in [(1.0, None), (0.37, Some(&weight[..]))] {
+                    let mut want = [0i8; BLOCK];
+                    let mut got = [0i8; BLOCK];
+                    let a = quantize_block(Isa::Scalar, x, gain, w, &mut want);
+                    let b = quantize_block(isa, x, gain, w, &mut got);
+                    assert_eq!(
+                        (a.0.to_bits(), a.1, want),
+                        (b.0.to_bits(), b.1, got),
+                        "{isa:?} on {x:?} (gain {gain}, weighted {})",
+                        w.is_some()
+                    );
                 }
             }
         }
@@ -989,7 +1208,7 @@ mod k_quant_tests {
             )
             .expect("repack");
             let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
-            let mut acts = QActs::new(k, Layout::Lanes);
+            let mut acts = QActs::new(k, Layout::Lanes, Isa::Scalar);
             quantize(&pool, &x, seq, None, &mut acts);
             for isa in Isa::available() {
                 let mut out = vec![0f32; seq * rows];
