@@ -610,21 +610,26 @@ impl CpuBert {
             let span = &spans[unit / heads];
             let col = unit % heads * d;
             let len = span.len();
-            // This head's keys transposed (one row per dimension) and values, contiguous,
-            // so that the loops below run over whole rows without strides or horizontal
-            // sums.
-            let mut keys = vec![0f32; d * len];
+            // This head's keys transposed (one row per dimension, padded with zeros to
+            // whole groups of KEYS) and values, contiguous, so that the loops below run
+            // over whole rows without strides or horizontal sums.
+            let lenp = len.next_multiple_of(KEYS);
+            let mut keys = vec![0f32; d * lenp];
             let mut values = Vec::with_capacity(len * d);
             for (j, t) in span.clone().enumerate() {
                 let row = &qkv[t * 3 * h..(t + 1) * 3 * h];
                 for (dim, &k) in row[h + col..h + col + d].iter().enumerate() {
-                    keys[dim * len + j] = k;
+                    keys[dim * lenp + j] = k;
                 }
                 values.extend_from_slice(&row[2 * h + col..2 * h + col + d]);
             }
-            let mut scores = vec![0f32; len];
+            let queries: Vec<&[f32]> = span
+                .clone()
+                .map(|i| &qkv[i * 3 * h + col..i * 3 * h + col + d])
+                .collect();
+            let mut scores = vec![0f32; len * lenp];
+            scores_of(&queries, &keys, scale, &mut scores);
             for (local, i) in span.clone().enumerate() {
-                let q = &qkv[i * 3 * h + col..i * 3 * h + col + d];
                 // SAFETY: unit (text, head) is handed to one thread, and writes only the
                 // head's columns of its own text's rows.
                 let dst = unsafe { out.part(i * h + col, d) };
@@ -633,15 +638,14 @@ impl CpuBert {
                     .as_ref()
                     .map(|r| r.row(unit % heads, local, len));
                 let row = Row {
-                    keys: &keys,
+                    scores: &mut scores[local * lenp..local * lenp + len],
                     values: &values,
-                    scale,
                     bias,
                 };
                 match d {
-                    32 => attend_row::<32>(q, &row, &mut scores, dst),
-                    64 => attend_row::<64>(q, &row, &mut scores, dst),
-                    _ => attend_row_any(q, &row, &mut scores, dst),
+                    32 => attend_row::<32>(row, dst),
+                    64 => attend_row::<64>(row, dst),
+                    _ => attend_row_any(row, dst),
                 }
             }
         });
@@ -662,43 +666,84 @@ fn softmax_unnormalised(x: &mut [f32]) -> f32 {
     lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
 }
 
-/// `scores = scale · Kᵀq` with `keys` transposed (`q.len()` rows of `scores.len()`).
-fn scores_of(q: &[f32], keys: &[f32], scale: f32, scores: &mut [f32]) {
-    scores.fill(0.0);
-    for (&qd, kd) in q.iter().zip(keys.chunks_exact(scores.len())) {
-        let qd = qd * scale;
-        scores.iter_mut().zip(kd).for_each(|(s, k)| *s += qd * k);
+/// Keys a block of [`scores_of`] covers: one 512-bit register of f32.
+const KEYS: usize = 16;
+/// Queries a block of [`scores_of`] covers, each with its own accumulators (four named
+/// rows there).
+const QUERIES: usize = 4;
+const _: () = assert!(QUERIES == 4);
+
+/// `scores[r · lenp + j] = Σ_dim (scale · q_r[dim]) · keys[dim · lenp + j]` for every query
+/// `r` and every key `j` of `lenp` (a multiple of [`KEYS`]), with `keys` transposed
+/// (`q_r.len()` rows of `lenp`). Each sum runs over the dimensions in order, as a single
+/// loop over them would, but a block of [`QUERIES`] × [`KEYS`] sums stays in registers: one
+/// row of sums at a time was stored and reloaded for every dimension (a twelfth of a
+/// batch-1 embedding).
+fn scores_of(queries: &[&[f32]], keys: &[f32], scale: f32, scores: &mut [f32]) {
+    let Some(d) = queries.first().map(|q| q.len()) else {
+        return;
+    };
+    let lenp = keys.len() / d;
+    let mut scaled = vec![0f32; d * QUERIES];
+    for (block, qs) in queries.chunks(QUERIES).enumerate() {
+        // The block's queries side by side (zeros where the last block has fewer).
+        scaled.fill(0.0);
+        for (r, q) in qs.iter().enumerate() {
+            for (dim, &v) in q.iter().enumerate() {
+                scaled[dim * QUERIES + r] = v * scale;
+            }
+        }
+        for j0 in (0..lenp).step_by(KEYS) {
+            // Four named rows, each updated key by key in one loop: written as a nested
+            // loop over queries, the compiler kept the sums in memory (gathers and
+            // scatters).
+            let [mut a0, mut a1, mut a2, mut a3] = [[0f32; KEYS]; QUERIES];
+            for (dim, qd) in scaled.chunks_exact(QUERIES).enumerate() {
+                let k: &[f32; KEYS] = keys[dim * lenp + j0..dim * lenp + j0 + KEYS]
+                    .try_into()
+                    .expect("a whole group of keys");
+                let (q0, q1, q2, q3) = (qd[0], qd[1], qd[2], qd[3]);
+                for t in 0..KEYS {
+                    a0[t] += q0 * k[t];
+                    a1[t] += q1 * k[t];
+                    a2[t] += q2 * k[t];
+                    a3[t] += q3 * k[t];
+                }
+            }
+            for (r, a) in [a0, a1, a2, a3].iter().take(qs.len()).enumerate() {
+                let at = (block * QUERIES + r) * lenp + j0;
+                scores[at..at + KEYS].copy_from_slice(a);
+            }
+        }
     }
 }
 
-/// What one query row of attention reads besides the query: a head's keys (transposed)
-/// and values of one text, the score scale, and the relative position bias of this query
+/// One query row of attention: its scores (`scale · K·q`, one per key), the head's values
+/// of the text (rows of the head width), and the relative position bias of this query
 /// against every key, if the model has one.
 struct Row<'a> {
-    keys: &'a [f32],
+    scores: &'a mut [f32],
     values: &'a [f32],
-    scale: f32,
     bias: Option<&'a [f32]>,
 }
 
 impl Row<'_> {
-    /// `scores = scale · K·q (+ bias)`, turned into unnormalised softmax weights; returns
+    /// Adds the bias and turns the scores into unnormalised softmax weights; returns
     /// their inverse sum.
-    fn weights(&self, q: &[f32], scores: &mut [f32]) -> f32 {
-        scores_of(q, self.keys, self.scale, scores);
+    fn weights(&mut self) -> f32 {
         if let Some(bias) = self.bias {
-            scores.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
+            self.scores.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
         }
-        1.0 / softmax_unnormalised(scores)
+        1.0 / softmax_unnormalised(self.scores)
     }
 }
 
-/// One query row of attention over a head's transposed keys and values (rows of `D`):
-/// `out = softmax(scale · K·q + bias) · V`, with the accumulator in registers.
-fn attend_row<const D: usize>(q: &[f32], row: &Row<'_>, scores: &mut [f32], out: &mut [f32]) {
-    let inv = row.weights(q, scores);
+/// One query row of attention over a head's values (rows of `D`):
+/// `out = softmax(scores + bias) · V`, with the accumulator in registers.
+fn attend_row<const D: usize>(mut row: Row<'_>, out: &mut [f32]) {
+    let inv = row.weights();
     let mut acc = [0f32; D];
-    for (&p, v) in scores.iter().zip(row.values.chunks_exact(D)) {
+    for (&p, v) in row.scores.iter().zip(row.values.chunks_exact(D)) {
         let v: &[f32; D] = v.try_into().expect("value row of D values");
         for (a, v) in acc.iter_mut().zip(v) {
             *a += p * v;
@@ -708,11 +753,11 @@ fn attend_row<const D: usize>(q: &[f32], row: &Row<'_>, scores: &mut [f32], out:
 }
 
 /// [`attend_row`] for any head width.
-fn attend_row_any(q: &[f32], row: &Row<'_>, scores: &mut [f32], out: &mut [f32]) {
-    let d = q.len();
-    let inv = row.weights(q, scores);
+fn attend_row_any(mut row: Row<'_>, out: &mut [f32]) {
+    let d = out.len();
+    let inv = row.weights();
     out.fill(0.0);
-    for (&p, v) in scores.iter().zip(row.values.chunks_exact(d)) {
+    for (&p, v) in row.scores.iter().zip(row.values.chunks_exact(d)) {
         out.iter_mut().zip(v).for_each(|(a, v)| *a += p * v);
     }
     out.iter_mut().for_each(|o| *o *= inv);
@@ -841,6 +886,50 @@ fn erf(x: f32) -> f32 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocked_scores_equal_the_row_by_row_sums_bit_for_bit() {
+        // Lengths around the block sizes, head widths of MiniLM, MPNet and an odd one.
+        for (len, d) in [
+            (1usize, 32usize),
+            (3, 64),
+            (4, 32),
+            (5, 8),
+            (16, 32),
+            (17, 64),
+            (33, 24),
+        ] {
+            let lenp = len.next_multiple_of(KEYS);
+            let value = |i: usize| ((i * 7919 % 2003) as f32 - 1001.0) / 97.0;
+            let mut keys = vec![0f32; d * lenp];
+            for dim in 0..d {
+                for j in 0..len {
+                    keys[dim * lenp + j] = value(dim * 31 + j * 17 + 5);
+                }
+            }
+            let qs: Vec<Vec<f32>> = (0..len)
+                .map(|r| (0..d).map(|dim| value(r * 131 + dim * 3)).collect())
+                .collect();
+            let queries: Vec<&[f32]> = qs.iter().map(Vec::as_slice).collect();
+            let scale = 1.0 / (d as f32).sqrt();
+            let mut scores = vec![f32::NAN; len * lenp];
+            scores_of(&queries, &keys, scale, &mut scores);
+            for (r, q) in qs.iter().enumerate() {
+                for j in 0..len {
+                    let mut want = 0f32;
+                    for (dim, &v) in q.iter().enumerate() {
+                        want += v * scale * keys[dim * lenp + j];
+                    }
+                    let got = scores[r * lenp + j];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "len {len}, d {d}, ({r}, {j})"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn column_cache_keeps_at_most_its_budget_and_gives_the_dequantised_columns() {
