@@ -1034,14 +1034,16 @@ mod tests {
                     .collect()
             })
             .collect();
-        let tie = 127.0 / 2.0;
         blocks.extend([
             vec![0.0; BLOCK],
             vec![-0.0; BLOCK],
-            // Halfway values (±0.5, ±1.5, … in units of the scale) round to even.
-            (0..BLOCK).map(|j| (j as f32 - 15.5) * tie / 15.5).collect(),
-            // NaN in every lane position of each tier's registers, one position at a time.
+            // A largest value of 127 makes the scale exactly 1, so the others are halfway
+            // values (-15.5 … 14.5), which round to even.
+            (0..BLOCK)
+                .map(|j| if j == 0 { 127.0 } else { j as f32 - 16.5 })
+                .collect(),
         ]);
+        // NaN in every lane position of each tier's registers, one position at a time.
         blocks.extend((0..BLOCK).map(|n| {
             (0..BLOCK)
                 .map(|j| if j == n { f32::NAN } else { j as f32 - 7.0 })
