@@ -430,9 +430,8 @@ impl CpuBert {
         });
 
         let mut scratch = Scratch {
-            acts: QActs::new(h, Layout::for_isa(self.isa), self.isa).without_prompt_kernel(),
-            acts_ffn: QActs::new(s.ffn, Layout::for_isa(self.isa), self.isa)
-                .without_prompt_kernel(),
+            acts: QActs::new(h, Layout::for_isa(self.isa), self.isa),
+            acts_ffn: QActs::new(s.ffn, Layout::for_isa(self.isa), self.isa),
             masked: Vec::new(),
         };
         let mut qkv = vec![0f32; tokens * 3 * h];

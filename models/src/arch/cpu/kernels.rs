@@ -830,33 +830,55 @@ fn panel_scalar<const R: usize, const T: usize>(
     out: &mut PanelOut<R, T>,
 ) {
     let nbp = w.nbp;
-    let mut acc = [[[0f32; PANEL_TOKENS]; T]; R];
-    for b in 0..nbp {
-        let ch = Chunk::of(nbp, b);
+    // The tile kernel's 16 lanes, for every row, group and token.
+    let mut lanes = vec![[0f32; LANES]; R * T * PANEL_TOKENS];
+    let mut chunk = 0;
+    while chunk < nbp {
+        let ch = Chunk::at(nbp, chunk);
         for r in 0..R {
-            let (d, m) = (w.d[(r0 + r) * nbp + b], w.m[(r0 + r) * nbp + b]);
+            let row = (r0 + r) * nbp;
             for (t, a) in a.iter().enumerate() {
-                let mut dot = [0i32; PANEL_TOKENS];
-                for g in 0..BLOCK / 4 {
-                    let (step, lane) = ch.place(b, 4 * g);
-                    let wq = at[r].step(ch.start * BLOCK, step, ch.step_bytes()) + 4 * lane;
-                    let aq = 64 * (8 * b + g);
-                    for (c, dot) in dot.iter_mut().enumerate() {
-                        for j in 0..4 {
-                            *dot += w.q[wq + j] as i32 * a.q[aq + 4 * c + j] as i32;
-                        }
-                    }
-                }
                 for c in 0..PANEL_TOKENS {
-                    let (da, sa) = (a.d[16 * b + c], a.s[16 * b + c]);
-                    let acc = &mut acc[r][t][c];
-                    *acc = (dot[c] as f32).mul_add(da * d, *acc);
-                    *acc = m.mul_add(sa, *acc);
+                    let acc = &mut lanes[(r * T + t) * PANEL_TOKENS + c];
+                    // The blocks' biases, block i in lane i.
+                    for i in 0..ch.n {
+                        let b = ch.start + i;
+                        acc[i] = w.m[row + b].mul_add(a.s[16 * b + c], acc[i]);
+                    }
+                    // Lane l: the steps of block l / per that it holds.
+                    for l in 0..ch.lanes() {
+                        let b = ch.start + l / ch.per;
+                        let mut dot = 0i32;
+                        for step in 0..ch.steps() {
+                            let g = step * ch.per + l % ch.per;
+                            let wq = at[r].step(ch.start * BLOCK, step, ch.step_bytes()) + 4 * l;
+                            let aq = 64 * (8 * b + g) + 4 * c;
+                            for j in 0..4 {
+                                dot += w.q[wq + j] as i32 * a.q[aq + j] as i32;
+                            }
+                        }
+                        let scale = w.d[row + b] * a.d[16 * b + c];
+                        acc[l] = (dot as f32).mul_add(scale, acc[l]);
+                    }
                 }
             }
         }
+        chunk += LANES;
     }
-    *out = acc;
+    for r in 0..R {
+        for t in 0..T {
+            for c in 0..PANEL_TOKENS {
+                out[r][t][c] = lane_sum(&lanes[(r * T + t) * PANEL_TOKENS + c]);
+            }
+        }
+    }
+}
+
+/// The sum of the tile kernel's 16 lanes in the order its AVX-512 tier adds them (`sum1`,
+/// `sum16`): `(L0 + L1) + (L2 + L3)`, where `Lk = (e4k + e4k+2) + (e4k+1 + e4k+3)`.
+fn lane_sum(e: &[f32; LANES]) -> f32 {
+    let l = |k: usize| (e[4 * k] + e[4 * k + 2]) + (e[4 * k + 1] + e[4 * k + 3]);
+    (l(0) + l(1)) + (l(2) + l(3))
 }
 
 /// `C` consecutive quantised activation rows.
@@ -1476,29 +1498,40 @@ mod x86 {
         out: &mut PanelOut<R, T>,
     ) {
         let nbp = w.nbp;
-        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        // The tile kernel's 16 lanes of each row and group, each a vector of 16 tokens.
+        let mut lanes = [[[_mm512_setzero_ps(); LANES]; T]; R];
         let mut chunk = 0;
         while chunk < nbp {
             let ch = Chunk::at(nbp, chunk);
             // SAFETY: the caller's contract; the chunk lies inside every row.
             unsafe {
                 match ch.per {
-                    1 => panel_chunk::<R, T, 1>(w, r0, at, a, ch, &mut acc),
-                    2 => panel_chunk::<R, T, 2>(w, r0, at, a, ch, &mut acc),
-                    _ => panel_chunk::<R, T, 4>(w, r0, at, a, ch, &mut acc),
+                    1 => panel_chunk::<R, T, 1>(w, r0, at, a, ch, &mut lanes),
+                    2 => panel_chunk::<R, T, 2>(w, r0, at, a, ch, &mut lanes),
+                    _ => panel_chunk::<R, T, 4>(w, r0, at, a, ch, &mut lanes),
                 }
             }
             chunk += LANES;
         }
         for r in 0..R {
             for t in 0..T {
+                let e = &lanes[r][t];
+                let l = |k: usize| {
+                    _mm512_add_ps(
+                        _mm512_add_ps(e[4 * k], e[4 * k + 2]),
+                        _mm512_add_ps(e[4 * k + 1], e[4 * k + 3]),
+                    )
+                };
+                let sum = _mm512_add_ps(_mm512_add_ps(l(0), l(1)), _mm512_add_ps(l(2), l(3)));
                 // SAFETY: 16 floats fit `out[r][t]`.
-                unsafe { _mm512_storeu_ps(out[r][t].as_mut_ptr(), acc[r][t]) };
+                unsafe { _mm512_storeu_ps(out[r][t].as_mut_ptr(), sum) };
             }
         }
     }
 
-    /// The blocks of chunk `ch` (each over `PER` lanes) of [`panel_avx512`].
+    /// The blocks of chunk `ch` (each over `PER` lanes) of [`panel_avx512`], added to the
+    /// lanes where the tile kernel adds them: block `i`'s bias to lane `i`, then to lane
+    /// `l` the product of the steps of block `l / PER` it holds, times `d_w·d_a`.
     #[inline(always)]
     unsafe fn panel_chunk<const R: usize, const T: usize, const PER: usize>(
         w: &PanelRows<'_>,
@@ -1506,7 +1539,7 @@ mod x86 {
         at: &[RowAt; R],
         a: &[PanelActs<'_>; T],
         ch: Chunk,
-        acc: &mut [[__m512; T]; R],
+        lanes: &mut [[[__m512; LANES]; T]; R],
     ) {
         let sb = ch.step_bytes();
         let start = ch.start * BLOCK;
@@ -1517,22 +1550,34 @@ mod x86 {
             std::array::from_fn(|r| at[r].step(start, 1, sb) - at[r].step(start, 0, sb));
         // Whole tiles of a whole chunk (the common case): row r's step g is 64·(r % 4) +
         // 256·g bytes after its tile's step 0, offsets the compiler folds into the loads.
-        let whole = PER == 1 && R % 4 == 0 && (0..R).all(|r| stride[r] == 4 * 64);
+        let whole = PER == 1 && R.is_multiple_of(4) && (0..R).all(|r| stride[r] == 4 * 64);
         // SAFETY (whole body): every weight read is four bytes of one of the chunk's steps
         // inside row r; every activation read is inside its group's transposed block.
         unsafe {
-            for i in 0..ch.n {
+            let bias = |lanes: &mut [[[__m512; LANES]; T]; R], i: usize| {
                 let b = ch.start + i;
+                for t in 0..T {
+                    let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
+                    for r in 0..R {
+                        let m = _mm512_set1_ps(*w.m.get_unchecked((r0 + r) * w.nbp + b));
+                        lanes[r][t][i] = _mm512_fmadd_ps(m, sa, lanes[r][t][i]);
+                    }
+                }
+            };
+            // Lane l: steps 0.. of block l / PER, which hold its groups l % PER + PER·step.
+            let lane = |lanes: &mut [[[__m512; LANES]; T]; R], l: usize| {
+                let b = ch.start + l / PER;
                 let mut dot = [[_mm512_setzero_si512(); T]; R];
-                for g in 0..BLOCK / 4 {
+                for step in 0..8 / PER {
+                    let g = step * PER + l % PER;
                     let av: [__m512i; T] = std::array::from_fn(|t| {
                         _mm512_loadu_si512(a[t].q.as_ptr().add(64 * (8 * b + g)) as *const _)
                     });
                     for r in 0..R {
                         let p = if whole {
-                            base[r / 4 * 4].add(4 * i + 64 * (r % 4) + 256 * g)
+                            base[r / 4 * 4].add(4 * l + 64 * (r % 4) + 256 * step)
                         } else {
-                            base[r].add((g / PER) * stride[r] + 4 * (i * PER + g % PER))
+                            base[r].add(step * stride[r] + 4 * l)
                         };
                         let x = _mm512_set1_epi32((p as *const i32).read_unaligned());
                         for t in 0..T {
@@ -1542,19 +1587,29 @@ mod x86 {
                 }
                 for t in 0..T {
                     let da = _mm512_loadu_ps(a[t].d.as_ptr().add(16 * b));
-                    let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
                     for r in 0..R {
-                        let row = (r0 + r) * w.nbp + b;
-                        let d = _mm512_set1_ps(*w.d.get_unchecked(row));
-                        let m = _mm512_set1_ps(*w.m.get_unchecked(row));
-                        let x = &mut acc[r][t];
+                        let d = _mm512_set1_ps(*w.d.get_unchecked((r0 + r) * w.nbp + b));
+                        let x = &mut lanes[r][t][l];
                         *x = _mm512_fmadd_ps(
                             _mm512_cvtepi32_ps(dot[r][t]),
-                            _mm512_mul_ps(da, d),
+                            _mm512_mul_ps(d, da),
                             *x,
                         );
-                        *x = _mm512_fmadd_ps(m, sa, *x);
                     }
+                }
+            };
+            if PER == 1 {
+                // One lane a block: its bias, then its product.
+                for i in 0..ch.n {
+                    bias(lanes, i);
+                    lane(lanes, i);
+                }
+            } else {
+                for i in 0..ch.n {
+                    bias(lanes, i);
+                }
+                for l in 0..ch.n * PER {
+                    lane(lanes, l);
                 }
             }
         }

@@ -347,8 +347,6 @@ pub(crate) struct QActs {
     /// groups of [`PANEL_TOKENS`], when there were at least [`PANEL_MIN_TOKENS`] of them on
     /// a tier that has it; `panel_tokens` is how many (0: none).
     panel: PanelBuf,
-    /// Whether [`quantize`] transposes for the prompt kernel where it can.
-    prompt_kernel: bool,
 }
 
 /// [`QActs::panel`]: the values, scales and sums of every group of 16 tokens, one group
@@ -379,27 +377,12 @@ impl QActs {
             s: Vec::new(),
             h: Vec::new(),
             panel: PanelBuf::default(),
-            prompt_kernel: true,
         }
-    }
-
-    /// These activations never take the prompt kernel ([`kernels::panel`]), so that every
-    /// token's products have the tile kernel's bits however many tokens come together (the
-    /// embedder's promise that a sentence embeds the same alone or in a batch: with the
-    /// prompt kernel, a one-rounding difference in a product can move a value across an
-    /// 8-bit step of the next layer's activations, and a MiniLM vector moved by up to 1e-3).
-    pub(crate) fn without_prompt_kernel(mut self) -> Self {
-        self.prompt_kernel = false;
-        self
     }
 
     /// After quantising `seq` rows: transposes them for the prompt kernel where it runs.
     fn finish(&mut self, seq: usize) {
-        if self.prompt_kernel
-            && self.isa == Isa::Avx512Vnni
-            && self.layout == Layout::Lanes
-            && seq >= PANEL_MIN_TOKENS
-        {
+        if self.isa == Isa::Avx512Vnni && self.layout == Layout::Lanes && seq >= PANEL_MIN_TOKENS {
             self.transpose(seq);
         } else {
             self.panel.tokens = 0;
@@ -1181,7 +1164,9 @@ mod tests {
     }
 
     #[test]
-    fn prompt_kernel_matches_f32_reference_and_its_tiers_agree_bit_for_bit() {
+    // Rows and tokens index several result tables in step.
+    #[allow(clippy::needless_range_loop)]
+    fn prompt_kernel_matches_f32_reference_and_the_tile_kernel_bit_for_bit() {
         let mut rng = StdRng::seed_from_u64(11);
         let pool = Pool::new(1).expect("pool");
         // Short last chunks (k = 576: 18 blocks; 96: 3 blocks, padded to 4), short last
@@ -1208,13 +1193,24 @@ mod tests {
                     }
                 }
                 if Isa::available().contains(&Isa::Avx512Vnni) {
+                    // The AVX-512 prompt kernel, and the tile kernel it stands in for (the
+                    // same activations without their transposed copy), give the portable
+                    // prompt kernel's bits.
                     let fast = products(Isa::Avx512Vnni, &w, &acts, seq);
+                    acts.panel.tokens = 0;
+                    let tiles = products(Isa::Avx512Vnni, &w, &acts, seq);
                     for c in 0..seq {
                         for r in 0..rows {
+                            let bits = portable[c][r].to_bits();
                             assert_eq!(
                                 fast[c][r].to_bits(),
-                                portable[c][r].to_bits(),
+                                bits,
                                 "{dtype:?} {rows}x{k} token {c} row {r}"
+                            );
+                            assert_eq!(
+                                tiles[c][r].to_bits(),
+                                bits,
+                                "tiles: {dtype:?} {rows}x{k} token {c} row {r}"
                             );
                         }
                     }
