@@ -655,6 +655,31 @@ impl WeightRows<'_> {
         }
     }
 
+    /// Appends the scales of every block of the tile's row `r` to `d` and their biases to
+    /// `m`, as [`WeightRows::scale_bias`] gives them, a chunk at a time ([`Layout::Lanes`],
+    /// not [`Format::Q6`]).
+    pub(crate) fn row_scales(&self, r: usize, d: &mut Vec<f32>, m: &mut Vec<f32>) {
+        assert!(
+            self.layout == Layout::Lanes && self.fmt != Format::Q6,
+            "lane rows, one scale a block"
+        );
+        let at = self.row_at(r);
+        let per_block = self.fmt.scales_per_block(self.layout);
+        let mut chunk = 0;
+        while chunk < self.nbp {
+            let ch = Chunk::at(self.nbp, chunk);
+            let i = at.chunk_scales(ch, per_block);
+            let ds = &self.d[i..i + ch.n];
+            d.extend(ds.iter().map(|x| x.to_f32()));
+            if self.fmt == Format::Q4_1 {
+                m.extend(self.d[i + ch.n..i + 2 * ch.n].iter().map(|x| x.to_f32()));
+            } else {
+                m.extend(ds.iter().map(|x| -self.fmt.offset() * x.to_f32()));
+            }
+            chunk += LANES;
+        }
+    }
+
     /// The scale `d` and bias `m` of block `b` of the tile's row `r` (`m = -offset·d` for
     /// the formats without a stored bias).
     #[inline(always)]
@@ -684,6 +709,176 @@ impl WeightRows<'_> {
             f => (d, -f.offset() * d),
         }
     }
+}
+
+/// Tokens of one [`panel`] product: the 16 32-bit lanes of a 512-bit register.
+pub(crate) const PANEL_TOKENS: usize = 16;
+
+/// Weight rows ready for the prompt kernel [`panel`]: one byte a value in the
+/// [`Format::Q8_0`] geometry of [`Layout::Lanes`] (tiles of four rows interleaved step by
+/// step; a Q8_0 matrix as it is, Q4 rows unpacked by [`unpack_nibbles`]), and each block's
+/// scale and bias as f32, row after row in block order.
+#[derive(Clone, Copy)]
+pub(crate) struct PanelRows<'a> {
+    /// The bytes of `rows` rows, from the start of a tile.
+    pub q: &'a [u8],
+    /// `d[r·nbp + b]`: the scale of block `b` of row `r`.
+    pub d: &'a [f32],
+    /// `m[r·nbp + b]`: its bias (Q4_1's minimum, `-offset·d` for the others).
+    pub m: &'a [f32],
+    /// Blocks per row.
+    pub nbp: usize,
+    /// Rows held.
+    pub rows: usize,
+}
+
+/// [`PANEL_TOKENS`] activation rows transposed for [`panel`]: the four values `4g..4g + 4`
+/// of block `b` of every token side by side (64 bytes at `64·(8b + g)`, token `c` at
+/// `4c`), and the blocks' scales and `d·Σq`, 16 tokens at `16b`. Tokens past the end of a
+/// prompt are zeros.
+#[derive(Clone, Copy)]
+pub(crate) struct PanelActs<'a> {
+    /// `nbp · 8 · 64` values.
+    pub q: &'a [i8],
+    /// `nbp · 16` scales.
+    pub d: &'a [f32],
+    /// `nbp · 16` scaled sums.
+    pub s: &'a [f32],
+}
+
+/// Unpacks `w`, [`Format::Q4_0`] or [`Format::Q4_1`] rows in [`Layout::Lanes`] starting
+/// at a tile (`first` is 0), into `out` as one byte a value in the [`Format::Q8_0`]
+/// geometry. Within a tile a chunk's steps lie side by side (step `s` of each row, then
+/// step `s + 1`), and a Q4 step `s` holds value step `s` in its low nibbles and step `s +
+/// steps/2` in its high ones; so a chunk's bytes unpack into their low nibbles, then their
+/// high ones, at twice the offset.
+pub(crate) fn unpack_nibbles(w: &WeightRows<'_>, out: &mut Vec<u8>) {
+    assert!(
+        matches!(w.fmt, Format::Q4_0 | Format::Q4_1) && w.layout == Layout::Lanes && w.first == 0,
+        "whole tiles of Q4 rows in lanes"
+    );
+    let (nbp, tr) = (w.nbp, Layout::Lanes.tile_rows());
+    let packed = w.fmt.row_bytes(nbp * BLOCK);
+    out.clear();
+    out.resize(w.rows * 2 * packed, 0);
+    for t0 in (0..w.rows).step_by(tr) {
+        let g = tr.min(w.rows - t0);
+        let mut at = t0 * packed;
+        let mut chunk = 0;
+        while chunk < nbp {
+            let ch = Chunk::at(nbp, chunk);
+            let len = g * ch.steps() / 2 * ch.step_bytes();
+            let (lo, hi) = out[2 * at..2 * (at + len)].split_at_mut(len);
+            for ((l, h), &x) in lo.iter_mut().zip(hi.iter_mut()).zip(&w.q[at..at + len]) {
+                *l = x & 0x0F;
+                *h = x >> 4;
+            }
+            at += len;
+            chunk += LANES;
+        }
+    }
+}
+
+/// The results of [`panel`]: `out[r][t][c]` for row `r` and token `c` of group `t`.
+pub(crate) type PanelOut<const R: usize, const T: usize> = [[[f32; PANEL_TOKENS]; T]; R];
+
+/// Computes `out[r][t][c] = Σ_k W[r0 + r][k] · A_t[c][k]` for `R` weight rows of `w`
+/// against the `T` groups of 16 tokens `a`, on the AVX-512 VNNI tier where `isa` has it
+/// (and in portable code otherwise, which gives the same bits). Each token's sum is built
+/// in a lane of its own, block by block in row order (`acc += dot·(d_a·d_w)`, then `acc +=
+/// m·(d_a·Σq)`), so it does not depend on the other tokens or rows of the call.
+///
+/// Panics when the slices are shorter than the rows and tokens need.
+pub(crate) fn panel<const R: usize, const T: usize>(
+    isa: Isa,
+    w: &PanelRows<'_>,
+    r0: usize,
+    a: &[PanelActs<'_>; T],
+    out: &mut PanelOut<R, T>,
+) {
+    let nbp = w.nbp;
+    assert!(
+        r0 + R <= w.rows
+            && w.q.len() >= w.rows * nbp * BLOCK
+            && w.d.len() >= w.rows * nbp
+            && w.m.len() >= w.rows * nbp,
+        "panel rows too short"
+    );
+    assert!(
+        a.iter().all(|a| a.q.len() >= nbp * BLOCK * PANEL_TOKENS
+            && a.d.len() >= nbp * PANEL_TOKENS
+            && a.s.len() >= nbp * PANEL_TOKENS),
+        "panel activations too short"
+    );
+    let at: [RowAt; R] =
+        std::array::from_fn(|r| RowAt::new(Format::Q8_0, Layout::Lanes, nbp, w.rows, r0 + r));
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::available` lists AVX-512 VNNI only after checking every feature
+        // the kernel enables; the slice lengths were checked above.
+        Isa::Avx512Vnni => unsafe { x86::panel_avx512::<R, T>(w, r0, &at, a, out) },
+        _ => panel_scalar::<R, T>(w, r0, &at, a, out),
+    }
+}
+
+/// Portable implementation of [`panel`], with the same operations in the same order.
+fn panel_scalar<const R: usize, const T: usize>(
+    w: &PanelRows<'_>,
+    r0: usize,
+    at: &[RowAt; R],
+    a: &[PanelActs<'_>; T],
+    out: &mut PanelOut<R, T>,
+) {
+    let nbp = w.nbp;
+    // The tile kernel's 16 lanes, for every row, group and token.
+    let mut lanes = vec![[0f32; LANES]; R * T * PANEL_TOKENS];
+    let mut chunk = 0;
+    while chunk < nbp {
+        let ch = Chunk::at(nbp, chunk);
+        for r in 0..R {
+            let row = (r0 + r) * nbp;
+            for (t, a) in a.iter().enumerate() {
+                for c in 0..PANEL_TOKENS {
+                    let acc = &mut lanes[(r * T + t) * PANEL_TOKENS + c];
+                    // The blocks' biases, block i in lane i.
+                    for i in 0..ch.n {
+                        let b = ch.start + i;
+                        acc[i] = w.m[row + b].mul_add(a.s[16 * b + c], acc[i]);
+                    }
+                    // Lane l: the steps of block l / per that it holds.
+                    for l in 0..ch.lanes() {
+                        let b = ch.start + l / ch.per;
+                        let mut dot = 0i32;
+                        for step in 0..ch.steps() {
+                            let g = step * ch.per + l % ch.per;
+                            let wq = at[r].step(ch.start * BLOCK, step, ch.step_bytes()) + 4 * l;
+                            let aq = 64 * (8 * b + g) + 4 * c;
+                            for j in 0..4 {
+                                dot += w.q[wq + j] as i32 * a.q[aq + j] as i32;
+                            }
+                        }
+                        let scale = w.d[row + b] * a.d[16 * b + c];
+                        acc[l] = (dot as f32).mul_add(scale, acc[l]);
+                    }
+                }
+            }
+        }
+        chunk += LANES;
+    }
+    for r in 0..R {
+        for t in 0..T {
+            for c in 0..PANEL_TOKENS {
+                out[r][t][c] = lane_sum(&lanes[(r * T + t) * PANEL_TOKENS + c]);
+            }
+        }
+    }
+}
+
+/// The sum of the tile kernel's 16 lanes in the order its AVX-512 tier adds them (`sum1`,
+/// `sum16`): `(L0 + L1) + (L2 + L3)`, where `Lk = (e4k + e4k+2) + (e4k+1 + e4k+3)`.
+fn lane_sum(e: &[f32; LANES]) -> f32 {
+    let l = |k: usize| (e[4 * k] + e[4 * k + 2]) + (e[4 * k + 1] + e[4 * k + 3]);
+    (l(0) + l(1)) + (l(2) + l(3))
 }
 
 /// `C` consecutive quantised activation rows.
@@ -989,8 +1184,8 @@ mod x86 {
     use half::f16;
 
     use super::{
-        offset, row_bytes, scales_per_block, ActRows, Chunk, RowAt, WeightRows, BLOCK, LANES, Q41,
-        Q6, Q8,
+        offset, row_bytes, scales_per_block, ActRows, Chunk, PanelActs, PanelOut, PanelRows, RowAt,
+        WeightRows, BLOCK, LANES, Q41, Q6, Q8,
     };
 
     /// AVX-512 VNNI tile kernel over rows in [`super::Layout::Lanes`]; see [`super::tile`].
@@ -1282,6 +1477,139 @@ mod x86 {
                 for r in 0..R {
                     // SAFETY: this kernel's features include AVX-512 F.
                     out[c][r] = unsafe { sum1(acc[c][r]) };
+                }
+            }
+        }
+    }
+
+    /// AVX-512 VNNI implementation of [`super::panel`]: each weight row's four bytes of a
+    /// step are broadcast to every lane and multiplied with the 16 tokens' four values of
+    /// each group.
+    ///
+    /// # Safety
+    /// The CPU must support the enabled features, and the slices must be as long as
+    /// [`super::panel`] checks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn panel_avx512<const R: usize, const T: usize>(
+        w: &PanelRows<'_>,
+        r0: usize,
+        at: &[RowAt; R],
+        a: &[PanelActs<'_>; T],
+        out: &mut PanelOut<R, T>,
+    ) {
+        let nbp = w.nbp;
+        // The tile kernel's 16 lanes of each row and group, each a vector of 16 tokens.
+        let mut lanes = [[[_mm512_setzero_ps(); LANES]; T]; R];
+        let mut chunk = 0;
+        while chunk < nbp {
+            let ch = Chunk::at(nbp, chunk);
+            // SAFETY: the caller's contract; the chunk lies inside every row.
+            unsafe {
+                match ch.per {
+                    1 => panel_chunk::<R, T, 1>(w, r0, at, a, ch, &mut lanes),
+                    2 => panel_chunk::<R, T, 2>(w, r0, at, a, ch, &mut lanes),
+                    _ => panel_chunk::<R, T, 4>(w, r0, at, a, ch, &mut lanes),
+                }
+            }
+            chunk += LANES;
+        }
+        for r in 0..R {
+            for t in 0..T {
+                let e = &lanes[r][t];
+                let l = |k: usize| {
+                    _mm512_add_ps(
+                        _mm512_add_ps(e[4 * k], e[4 * k + 2]),
+                        _mm512_add_ps(e[4 * k + 1], e[4 * k + 3]),
+                    )
+                };
+                let sum = _mm512_add_ps(_mm512_add_ps(l(0), l(1)), _mm512_add_ps(l(2), l(3)));
+                // SAFETY: 16 floats fit `out[r][t]`.
+                unsafe { _mm512_storeu_ps(out[r][t].as_mut_ptr(), sum) };
+            }
+        }
+    }
+
+    /// The blocks of chunk `ch` (each over `PER` lanes) of [`panel_avx512`], added to the
+    /// lanes where the tile kernel adds them: block `i`'s bias to lane `i`, then to lane
+    /// `l` the product of the steps of block `l / PER` it holds, times `d_w·d_a`.
+    #[inline(always)]
+    unsafe fn panel_chunk<const R: usize, const T: usize, const PER: usize>(
+        w: &PanelRows<'_>,
+        r0: usize,
+        at: &[RowAt; R],
+        a: &[PanelActs<'_>; T],
+        ch: Chunk,
+        lanes: &mut [[[__m512; LANES]; T]; R],
+    ) {
+        let sb = ch.step_bytes();
+        let start = ch.start * BLOCK;
+        // Step 0 of the chunk in each row, and the bytes from one step to the next.
+        let base: [*const u8; R] =
+            std::array::from_fn(|r| w.q.as_ptr().wrapping_add(at[r].step(start, 0, sb)));
+        let stride: [usize; R] =
+            std::array::from_fn(|r| at[r].step(start, 1, sb) - at[r].step(start, 0, sb));
+        // Whole tiles of a whole chunk (the common case): row r's step g is 64·(r % 4) +
+        // 256·g bytes after its tile's step 0, offsets the compiler folds into the loads.
+        let whole = PER == 1 && R.is_multiple_of(4) && (0..R).all(|r| stride[r] == 4 * 64);
+        // SAFETY (whole body): every weight read is four bytes of one of the chunk's steps
+        // inside row r; every activation read is inside its group's transposed block.
+        unsafe {
+            let bias = |lanes: &mut [[[__m512; LANES]; T]; R], i: usize| {
+                let b = ch.start + i;
+                for t in 0..T {
+                    let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
+                    for r in 0..R {
+                        let m = _mm512_set1_ps(*w.m.get_unchecked((r0 + r) * w.nbp + b));
+                        lanes[r][t][i] = _mm512_fmadd_ps(m, sa, lanes[r][t][i]);
+                    }
+                }
+            };
+            // Lane l: steps 0.. of block l / PER, which hold its groups l % PER + PER·step.
+            let lane = |lanes: &mut [[[__m512; LANES]; T]; R], l: usize| {
+                let b = ch.start + l / PER;
+                let mut dot = [[_mm512_setzero_si512(); T]; R];
+                for step in 0..8 / PER {
+                    let g = step * PER + l % PER;
+                    let av: [__m512i; T] = std::array::from_fn(|t| {
+                        _mm512_loadu_si512(a[t].q.as_ptr().add(64 * (8 * b + g)) as *const _)
+                    });
+                    for r in 0..R {
+                        let p = if whole {
+                            base[r / 4 * 4].add(4 * l + 64 * (r % 4) + 256 * step)
+                        } else {
+                            base[r].add(step * stride[r] + 4 * l)
+                        };
+                        let x = _mm512_set1_epi32((p as *const i32).read_unaligned());
+                        for t in 0..T {
+                            dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], x, av[t]);
+                        }
+                    }
+                }
+                for t in 0..T {
+                    let da = _mm512_loadu_ps(a[t].d.as_ptr().add(16 * b));
+                    for r in 0..R {
+                        let d = _mm512_set1_ps(*w.d.get_unchecked((r0 + r) * w.nbp + b));
+                        let x = &mut lanes[r][t][l];
+                        *x = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(dot[r][t]),
+                            _mm512_mul_ps(d, da),
+                            *x,
+                        );
+                    }
+                }
+            };
+            if PER == 1 {
+                // One lane a block: its bias, then its product.
+                for i in 0..ch.n {
+                    bias(lanes, i);
+                    lane(lanes, i);
+                }
+            } else {
+                for i in 0..ch.n {
+                    bias(lanes, i);
+                }
+                for l in 0..ch.n * PER {
+                    lane(lanes, l);
                 }
             }
         }

@@ -8,7 +8,9 @@ use std::ops::Range;
 use candle_core::quantized::GgmlDType;
 use half::f16;
 
-use super::kernels::{self, ActRows, Format, Isa, Layout, WeightRows, BLOCK};
+use super::kernels::{
+    self, ActRows, Format, Isa, Layout, PanelActs, PanelRows, WeightRows, BLOCK, PANEL_TOKENS,
+};
 
 /// Values in a Q6_K super-block, its bytes, and values per sub-block (one scale each).
 const Q6K_VALUES: usize = 256;
@@ -341,7 +343,25 @@ pub(crate) struct QActs {
     d: Vec<f32>,
     s: Vec<f32>,
     h: Vec<f32>,
+    /// The rows quantised last, transposed for the prompt kernel ([`kernels::panel`]) in
+    /// groups of [`PANEL_TOKENS`], when there were at least [`PANEL_MIN_TOKENS`] of them on
+    /// a tier that has it; `panel_tokens` is how many (0: none).
+    panel: PanelBuf,
 }
+
+/// [`QActs::panel`]: the values, scales and sums of every group of 16 tokens, one group
+/// after another (see [`PanelActs`]).
+#[derive(Default)]
+struct PanelBuf {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    tokens: usize,
+}
+
+/// Tokens from which a matrix product runs the prompt kernel ([`kernels::panel`]): 16
+/// tokens fill its lanes, and fewer would leave lanes idle that the tile kernel uses.
+const PANEL_MIN_TOKENS: usize = PANEL_TOKENS;
 
 impl QActs {
     /// Storage for rows of width `k` (a multiple of 32) arranged as `layout` and
@@ -356,7 +376,62 @@ impl QActs {
             d: Vec::new(),
             s: Vec::new(),
             h: Vec::new(),
+            panel: PanelBuf::default(),
         }
+    }
+
+    /// After quantising `seq` rows: transposes them for the prompt kernel where it runs.
+    fn finish(&mut self, seq: usize) {
+        if self.isa == Isa::Avx512Vnni && self.layout == Layout::Lanes && seq >= PANEL_MIN_TOKENS {
+            self.transpose(seq);
+        } else {
+            self.panel.tokens = 0;
+        }
+    }
+
+    /// Group `j` of 16 tokens of [`QActs::panel`].
+    fn panel_group(&self, j: usize) -> PanelActs<'_> {
+        let (nbp, p) = (self.nbp, &self.panel);
+        let (nq, nd) = (nbp * BLOCK * PANEL_TOKENS, nbp * PANEL_TOKENS);
+        PanelActs {
+            q: &p.q[j * nq..(j + 1) * nq],
+            d: &p.d[j * nd..(j + 1) * nd],
+            s: &p.s[j * nd..(j + 1) * nd],
+        }
+    }
+
+    /// Fills [`QActs::panel`] from the first `seq` rows: group `j`'s block `b` holds, for
+    /// each of its tokens `c`, the four values `4g..4g + 4` at `64·(8b + g) + 4c`, and the
+    /// block's scale and sum at `16b + c`.
+    fn transpose(&mut self, seq: usize) {
+        let (nbp, kp) = (self.nbp, self.nbp * BLOCK);
+        let groups = seq.div_ceil(PANEL_TOKENS);
+        let p = &mut self.panel;
+        p.q.clear();
+        p.q.resize(groups * kp * PANEL_TOKENS, 0);
+        p.d.clear();
+        p.d.resize(groups * nbp * PANEL_TOKENS, 0.0);
+        p.s.clear();
+        p.s.resize(groups * nbp * PANEL_TOKENS, 0.0);
+        // Where each group of four values of a row lies in the lane layout.
+        let from: Vec<usize> = (0..nbp * BLOCK / 4)
+            .map(|u| self.layout.byte_index(nbp, u / 8, 4 * (u % 8)))
+            .collect();
+        for c in 0..seq {
+            let (j, lane) = (c / PANEL_TOKENS, c % PANEL_TOKENS);
+            let row = &self.q[c * kp..(c + 1) * kp];
+            let dst = &mut p.q[j * kp * PANEL_TOKENS..(j + 1) * kp * PANEL_TOKENS];
+            for (u, &f) in from.iter().enumerate() {
+                let at = 64 * u + 4 * lane;
+                dst[at..at + 4].copy_from_slice(&row[f..f + 4]);
+            }
+            for b in 0..nbp {
+                let at = (j * nbp + b) * PANEL_TOKENS + lane;
+                p.d[at] = self.d[c * nbp + b];
+                p.s[at] = self.s[c * nbp + b];
+            }
+        }
+        p.tokens = seq;
     }
 
     /// Makes room for `tokens` rows (grows only).
@@ -658,6 +733,7 @@ pub(crate) fn quantize(
                 },
             );
         }
+        acts.finish(seq);
         return;
     }
     let (q, d, s, h) = (
@@ -684,6 +760,7 @@ pub(crate) fn quantize(
             }
         }
     });
+    acts.finish(seq);
 }
 
 /// Bytes of quantised activations a block of tokens may hold while a range of weight rows
@@ -721,6 +798,13 @@ fn for_tiles(
     seq: usize,
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
+    if acts.panel.tokens == seq
+        && seq > 0
+        && w.layout == Layout::Lanes
+        && matches!(w.fmt, Format::Q8_0 | Format::Q4_0 | Format::Q4_1)
+    {
+        return for_panels(isa, w, rows, acts, seq, emit);
+    }
     let block = tokens_per_block(acts.k);
     let row_bytes = w.bytes() / w.rows.max(1);
     let group = (WEIGHT_GROUP_BYTES / row_bytes.max(1)).max(4) / 4 * 4;
@@ -743,6 +827,108 @@ fn for_tiles(
             g0 = g.end;
         }
         c0 = cols.end;
+    }
+}
+
+/// Bytes of unpacked weights (a byte a value, and an f32 scale and bias a block) a group of
+/// rows of [`for_panels`] holds while every group of 16 tokens passes over it.
+const PANEL_GROUP_BYTES: usize = 256 << 10;
+
+/// [`for_tiles`] by the prompt kernel ([`kernels::panel`]), for the first `seq` rows of
+/// `acts`, which [`quantize`] transposed. The rows go in groups of at most
+/// [`PANEL_GROUP_BYTES`]; each group is unpacked to a byte a value (Q4 formats) and its
+/// scales and biases to f32 once, then every group of 16 tokens meets its rows eight at a
+/// time.
+fn for_panels(
+    isa: Isa,
+    w: &QMatrix,
+    rows: Range<usize>,
+    acts: &QActs,
+    seq: usize,
+    emit: &mut dyn FnMut(usize, usize, &[f32]),
+) {
+    let (nbp, kp) = (w.nbp, w.nbp * BLOCK);
+    let group = (PANEL_GROUP_BYTES / (kp + 8 * nbp)).max(8) / 8 * 8;
+    let (mut bytes, mut d, mut m) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = Vec::new();
+    let mut g0 = rows.start;
+    while g0 < rows.end {
+        let g = g0..(g0 + group).min(rows.end);
+        let n = g.len();
+        let packed = w.view(g.start, n);
+        let q: &[u8] = if w.fmt == Format::Q8_0 {
+            packed.q
+        } else {
+            kernels::unpack_nibbles(&packed, &mut bytes);
+            &bytes
+        };
+        d.clear();
+        m.clear();
+        for r in 0..n {
+            packed.row_scales(r, &mut d, &mut m);
+        }
+        let pr = PanelRows {
+            q,
+            d: &d,
+            m: &m,
+            nbp,
+            rows: packed.rows,
+        };
+        out.clear();
+        out.resize(2 * PANEL_TOKENS * n, 0.0);
+        let groups = seq.div_ceil(PANEL_TOKENS);
+        let mut j = 0;
+        while j < groups {
+            // Two groups of tokens at a time where there are two: each weight broadcast
+            // then feeds two products.
+            let t = if j + 2 <= groups { 2 } else { 1 };
+            let mut r = 0;
+            while r < n {
+                let step = match n - r {
+                    8.. => 8,
+                    4..=7 => 4,
+                    _ => 1,
+                };
+                match (step, t) {
+                    (8, 2) => panel_and_place::<8, 2>(isa, &pr, r, acts, j, n, &mut out),
+                    (8, _) => panel_and_place::<8, 1>(isa, &pr, r, acts, j, n, &mut out),
+                    (4, 2) => panel_and_place::<4, 2>(isa, &pr, r, acts, j, n, &mut out),
+                    (4, _) => panel_and_place::<4, 1>(isa, &pr, r, acts, j, n, &mut out),
+                    (_, 2) => panel_and_place::<1, 2>(isa, &pr, r, acts, j, n, &mut out),
+                    _ => panel_and_place::<1, 1>(isa, &pr, r, acts, j, n, &mut out),
+                }
+                r += step;
+            }
+            for c in j * PANEL_TOKENS..((j + t) * PANEL_TOKENS).min(seq) {
+                let o = c - j * PANEL_TOKENS;
+                emit(c, g.start, &out[o * n..(o + 1) * n]);
+            }
+            j += t;
+        }
+        g0 = g.end;
+    }
+}
+
+/// Rows `r..r + R` of `w` against the `T` groups of 16 tokens from group `j` of `acts`,
+/// token `c` (of those) placed at `out[c·n + r..]`.
+fn panel_and_place<const R: usize, const T: usize>(
+    isa: Isa,
+    w: &PanelRows<'_>,
+    r: usize,
+    acts: &QActs,
+    j: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let a: [PanelActs<'_>; T] = std::array::from_fn(|t| acts.panel_group(j + t));
+    let mut o = [[[0f32; PANEL_TOKENS]; T]; R];
+    kernels::panel::<R, T>(isa, w, r, &a, &mut o);
+    for (i, row) in o.iter().enumerate() {
+        for (t, group) in row.iter().enumerate() {
+            for (c, &v) in group.iter().enumerate() {
+                out[(t * PANEL_TOKENS + c) * n + r + i] = v;
+            }
+        }
     }
 }
 
@@ -963,6 +1149,103 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Runs `for_tiles` (which takes the prompt kernel when `acts` is transposed) over all
+    /// rows of `w` and the first `seq` tokens; returns `out[c][r]`.
+    fn products(isa: Isa, w: &QMatrix, acts: &QActs, seq: usize) -> Vec<Vec<f32>> {
+        let mut out = vec![vec![f32::NAN; w.rows]; seq];
+        for_tiles(isa, w, 0..w.rows, acts, seq, &mut |c, r0, v| {
+            out[c][r0..r0 + v.len()].copy_from_slice(v)
+        });
+        out
+    }
+
+    #[test]
+    // Rows and tokens index several result tables in step.
+    #[allow(clippy::needless_range_loop)]
+    fn prompt_kernel_matches_f32_reference_and_the_tile_kernel_bit_for_bit() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let pool = Pool::new(1).expect("pool");
+        // Short last chunks (k = 576: 18 blocks; 96: 3 blocks, padded to 4), short last
+        // tiles (rows 5, 13), odd groups of 16 tokens (17, 40: a group of two, then one).
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
+            for (rows, k, seq) in [(13, 576, 17), (5, 96, 40), (24, 1024, 16), (40, 2048, 33)] {
+                let blocks = ggml_blocks(dtype, rows, k, &mut rng);
+                let w = QMatrix::from_ggml(dtype, rows, k, &blocks, Layout::Lanes).expect("repack");
+                let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
+                let mut acts = QActs::new(k, Layout::Lanes, Isa::Scalar);
+                quantize(&pool, &x, seq, None, &mut acts);
+                acts.transpose(seq);
+                let portable = products(Isa::Scalar, &w, &acts, seq);
+                let mut wrow = vec![0f32; k];
+                for r in 0..rows {
+                    w.dequantize_row(r, &mut wrow);
+                    for c in 0..seq {
+                        let (exact, mag) = dot_and_magnitude(&wrow, &x[c * k..(c + 1) * k]);
+                        let got = portable[c][r];
+                        assert!(
+                            (got - exact).abs() <= 0.01 * mag + 1e-4,
+                            "{dtype:?} {rows}x{k} token {c} row {r}: {got} vs {exact}"
+                        );
+                    }
+                }
+                if Isa::available().contains(&Isa::Avx512Vnni) {
+                    // The AVX-512 prompt kernel, and the tile kernel it stands in for (the
+                    // same activations without their transposed copy), give the portable
+                    // prompt kernel's bits.
+                    let fast = products(Isa::Avx512Vnni, &w, &acts, seq);
+                    acts.panel.tokens = 0;
+                    let tiles = products(Isa::Avx512Vnni, &w, &acts, seq);
+                    for c in 0..seq {
+                        for r in 0..rows {
+                            let bits = portable[c][r].to_bits();
+                            assert_eq!(
+                                fast[c][r].to_bits(),
+                                bits,
+                                "{dtype:?} {rows}x{k} token {c} row {r}"
+                            );
+                            assert_eq!(
+                                tiles[c][r].to_bits(),
+                                bits,
+                                "tiles: {dtype:?} {rows}x{k} token {c} row {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_token_gets_the_same_bits_in_any_lane_of_the_prompt_kernel() {
+        let mut rng = StdRng::seed_from_u64(12);
+        let pool = Pool::new(1).expect("pool");
+        let (rows, k, seq) = (12, 576, 36);
+        let blocks = ggml_blocks(GgmlDType::Q4_1, rows, k, &mut rng);
+        let w = QMatrix::from_ggml(GgmlDType::Q4_1, rows, k, &blocks, Layout::Lanes).expect("w");
+        let x: Vec<f32> = (0..(seq + 5) * k)
+            .map(|_| rng.gen_range(-2f32..2.0))
+            .collect();
+        let isa = *Isa::available().first().expect("a tier");
+        let run = |from: usize| {
+            let mut acts = QActs::new(k, Layout::Lanes, isa);
+            quantize(&pool, &x[from * k..(from + seq) * k], seq, None, &mut acts);
+            acts.transpose(seq);
+            products(isa, &w, &acts, seq)
+        };
+        // Token c of the first run is token c - 5 of the second: another lane, group and
+        // pair of groups.
+        let (a, b) = (run(0), run(5));
+        for c in 5..seq {
+            for r in 0..rows {
+                assert_eq!(
+                    a[c][r].to_bits(),
+                    b[c - 5][r].to_bits(),
+                    "token {c} row {r}"
+                );
             }
         }
     }
