@@ -656,25 +656,42 @@ impl WeightRows<'_> {
     }
 
     /// Appends the scales of every block of the tile's row `r` to `d` and their biases to
-    /// `m`, as [`WeightRows::scale_bias`] gives them, a chunk at a time ([`Layout::Lanes`],
-    /// not [`Format::Q6`]).
-    pub(crate) fn row_scales(&self, r: usize, d: &mut Vec<f32>, m: &mut Vec<f32>) {
-        assert!(
-            self.layout == Layout::Lanes && self.fmt != Format::Q6,
-            "lane rows, one scale a block"
+    /// `m`, as [`WeightRows::scale_bias`] gives them, a chunk at a time ([`Layout::Lanes`]).
+    /// For [`Format::Q6`] these are the first halves'; `half` then takes the second
+    /// halves' (and must be given).
+    pub(crate) fn row_scales(
+        &self,
+        r: usize,
+        d: &mut Vec<f32>,
+        m: &mut Vec<f32>,
+        half: Option<(&mut Vec<f32>, &mut Vec<f32>)>,
+    ) {
+        assert!(self.layout == Layout::Lanes, "lane rows");
+        assert_eq!(
+            half.is_some(),
+            self.fmt == Format::Q6,
+            "second halves for Q6 only"
         );
         let at = self.row_at(r);
         let per_block = self.fmt.scales_per_block(self.layout);
+        let off = self.fmt.offset();
+        let mut half = half;
         let mut chunk = 0;
         while chunk < self.nbp {
             let ch = Chunk::at(self.nbp, chunk);
             let i = at.chunk_scales(ch, per_block);
             let ds = &self.d[i..i + ch.n];
             d.extend(ds.iter().map(|x| x.to_f32()));
+            // Q4_1's biases or Q6's second scales (formats with two values a block).
+            let second = &self.d[i + ch.n..i + per_block * ch.n];
             if self.fmt == Format::Q4_1 {
-                m.extend(self.d[i + ch.n..i + 2 * ch.n].iter().map(|x| x.to_f32()));
+                m.extend(second.iter().map(|x| x.to_f32()));
             } else {
-                m.extend(ds.iter().map(|x| -self.fmt.offset() * x.to_f32()));
+                m.extend(ds.iter().map(|x| -off * x.to_f32()));
+            }
+            if let Some((d1, m1)) = half.as_mut() {
+                d1.extend(second.iter().map(|x| x.to_f32()));
+                m1.extend(second.iter().map(|x| -off * x.to_f32()));
             }
             chunk += LANES;
         }
@@ -726,6 +743,11 @@ pub(crate) struct PanelRows<'a> {
     pub d: &'a [f32],
     /// `m[r·nbp + b]`: its bias (Q4_1's minimum, `-offset·d` for the others).
     pub m: &'a [f32],
+    /// [`Format::Q6`] rows: the scales of the blocks' second halves (16 values each), as
+    /// `d` (whose scales and biases are then the first halves'). Empty for the others.
+    pub d1: &'a [f32],
+    /// [`Format::Q6`] rows: the second halves' biases (`-32·d1`); empty for the others.
+    pub m1: &'a [f32],
     /// Blocks per row.
     pub nbp: usize,
     /// Rows held.
@@ -734,8 +756,8 @@ pub(crate) struct PanelRows<'a> {
 
 /// [`PANEL_TOKENS`] activation rows transposed for [`panel`]: the four values `4g..4g + 4`
 /// of block `b` of every token side by side (64 bytes at `64·(8b + g)`, token `c` at
-/// `4c`), and the blocks' scales and `d·Σq`, 16 tokens at `16b`. Tokens past the end of a
-/// prompt are zeros.
+/// `4c`), and the blocks' scales, `d·Σq` and `d·Σq` over their first halves (for
+/// [`Format::Q6`] weights), 16 tokens at `16b`. Tokens past the end of a prompt are zeros.
 #[derive(Clone, Copy)]
 pub(crate) struct PanelActs<'a> {
     /// `nbp · 8 · 64` values.
@@ -744,6 +766,8 @@ pub(crate) struct PanelActs<'a> {
     pub d: &'a [f32],
     /// `nbp · 16` scaled sums.
     pub s: &'a [f32],
+    /// `nbp · 16` scaled sums of the blocks' first halves.
+    pub h: &'a [f32],
 }
 
 /// Unpacks `w`, [`Format::Q4_0`] or [`Format::Q4_1`] rows in [`Layout::Lanes`] starting
@@ -779,6 +803,47 @@ pub(crate) fn unpack_nibbles(w: &WeightRows<'_>, out: &mut Vec<u8>) {
     }
 }
 
+/// Unpacks `w`, [`Format::Q6`] rows in [`Layout::Lanes`] starting at a tile (`first` is
+/// 0), into `out` as one byte a value (`q + 32`, 0..63) in the [`Format::Q8_0`] geometry:
+/// value step `t` of a chunk is nibble step `t / 2` (shifted by 4 when `t` is odd) with
+/// the two bits of high step `t / 4` at `2·(t % 4)` on top.
+pub(crate) fn unpack_q6(w: &WeightRows<'_>, out: &mut Vec<u8>) {
+    assert!(
+        w.fmt == Format::Q6 && w.layout == Layout::Lanes && w.first == 0,
+        "whole tiles of Q6 rows in lanes"
+    );
+    let (nbp, tr) = (w.nbp, Layout::Lanes.tile_rows());
+    out.clear();
+    out.resize(w.rows * nbp * BLOCK, 0);
+    for t0 in (0..w.rows).step_by(tr) {
+        let src = RowAt::new(Format::Q6, Layout::Lanes, nbp, w.rows, t0);
+        let dst = RowAt::new(Format::Q8_0, Layout::Lanes, nbp, w.rows, t0);
+        let g = src.g;
+        let mut chunk = 0;
+        while chunk < nbp {
+            let ch = Chunk::at(nbp, chunk);
+            let sb = ch.step_bytes();
+            let (s0, d0) = (Format::Q6.row_bytes(chunk * BLOCK), chunk * BLOCK);
+            // The tile's rows lie side by side within a step: `g·sb` bytes a step.
+            let len = g * sb;
+            for t in 0..ch.steps() {
+                let lo = src.step(s0, ch.q6_nibble_step(t / 2), sb);
+                let hi = src.step(s0, ch.q6_high_step(t / 4), sb);
+                let (ns, hs) = (4 * (t % 2) as u32, 2 * (t % 4) as u32);
+                let to = dst.step(d0, t, sb);
+                for ((o, &x), &h) in out[to..to + len]
+                    .iter_mut()
+                    .zip(&w.q[lo..lo + len])
+                    .zip(&w.q[hi..hi + len])
+                {
+                    *o = ((x >> ns) & 0x0F) | (((h >> hs) & 3) << 4);
+                }
+            }
+            chunk += LANES;
+        }
+    }
+}
+
 /// The results of [`panel`]: `out[r][t][c]` for row `r` and token `c` of group `t`.
 pub(crate) type PanelOut<const R: usize, const T: usize> = [[[f32; PANEL_TOKENS]; T]; R];
 
@@ -801,13 +866,16 @@ pub(crate) fn panel<const R: usize, const T: usize>(
         r0 + R <= w.rows
             && w.q.len() >= w.rows * nbp * BLOCK
             && w.d.len() >= w.rows * nbp
-            && w.m.len() >= w.rows * nbp,
+            && w.m.len() >= w.rows * nbp
+            && w.d1.len() == w.m1.len()
+            && (w.d1.is_empty() || w.d1.len() >= w.rows * nbp),
         "panel rows too short"
     );
     assert!(
         a.iter().all(|a| a.q.len() >= nbp * BLOCK * PANEL_TOKENS
             && a.d.len() >= nbp * PANEL_TOKENS
-            && a.s.len() >= nbp * PANEL_TOKENS),
+            && a.s.len() >= nbp * PANEL_TOKENS
+            && (w.d1.is_empty() || a.h.len() >= nbp * PANEL_TOKENS)),
         "panel activations too short"
     );
     let at: [RowAt; R] =
@@ -830,6 +898,7 @@ fn panel_scalar<const R: usize, const T: usize>(
     out: &mut PanelOut<R, T>,
 ) {
     let nbp = w.nbp;
+    let halves = !w.d1.is_empty();
     // The tile kernel's 16 lanes, for every row, group and token.
     let mut lanes = vec![[0f32; LANES]; R * T * PANEL_TOKENS];
     let mut chunk = 0;
@@ -840,25 +909,36 @@ fn panel_scalar<const R: usize, const T: usize>(
             for (t, a) in a.iter().enumerate() {
                 for c in 0..PANEL_TOKENS {
                     let acc = &mut lanes[(r * T + t) * PANEL_TOKENS + c];
-                    // The blocks' biases, block i in lane i.
+                    // The blocks' biases, block i in lane i (Q6: the first half's, then the
+                    // second's).
                     for i in 0..ch.n {
-                        let b = ch.start + i;
-                        acc[i] = w.m[row + b].mul_add(a.s[16 * b + c], acc[i]);
+                        let (b, at) = (ch.start + i, 16 * (ch.start + i) + c);
+                        if halves {
+                            acc[i] = w.m[row + b].mul_add(a.h[at], acc[i]);
+                            acc[i] = w.m1[row + b].mul_add(a.s[at] - a.h[at], acc[i]);
+                        } else {
+                            acc[i] = w.m[row + b].mul_add(a.s[at], acc[i]);
+                        }
                     }
-                    // Lane l: the steps of block l / per that it holds.
+                    // Lane l: the steps of block l / per that it holds (Q6: those of the
+                    // first half, then those of the second, each with its own scale).
                     for l in 0..ch.lanes() {
                         let b = ch.start + l / ch.per;
-                        let mut dot = 0i32;
+                        let mut dot = [0i32; 2];
                         for step in 0..ch.steps() {
                             let g = step * ch.per + l % ch.per;
                             let wq = at[r].step(ch.start * BLOCK, step, ch.step_bytes()) + 4 * l;
                             let aq = 64 * (8 * b + g) + 4 * c;
                             for j in 0..4 {
-                                dot += w.q[wq + j] as i32 * a.q[aq + j] as i32;
+                                dot[usize::from(halves && g >= 4)] +=
+                                    w.q[wq + j] as i32 * a.q[aq + j] as i32;
                             }
                         }
-                        let scale = w.d[row + b] * a.d[16 * b + c];
-                        acc[l] = (dot as f32).mul_add(scale, acc[l]);
+                        let da = a.d[16 * b + c];
+                        acc[l] = (dot[0] as f32).mul_add(w.d[row + b] * da, acc[l]);
+                        if halves {
+                            acc[l] = (dot[1] as f32).mul_add(w.d1[row + b] * da, acc[l]);
+                        }
                     }
                 }
             }
@@ -1505,10 +1585,13 @@ mod x86 {
             let ch = Chunk::at(nbp, chunk);
             // SAFETY: the caller's contract; the chunk lies inside every row.
             unsafe {
-                match ch.per {
-                    1 => panel_chunk::<R, T, 1>(w, r0, at, a, ch, &mut lanes),
-                    2 => panel_chunk::<R, T, 2>(w, r0, at, a, ch, &mut lanes),
-                    _ => panel_chunk::<R, T, 4>(w, r0, at, a, ch, &mut lanes),
+                match (ch.per, w.d1.is_empty()) {
+                    (1, true) => panel_chunk::<R, T, 1, false>(w, r0, at, a, ch, &mut lanes),
+                    (2, true) => panel_chunk::<R, T, 2, false>(w, r0, at, a, ch, &mut lanes),
+                    (_, true) => panel_chunk::<R, T, 4, false>(w, r0, at, a, ch, &mut lanes),
+                    (1, false) => panel_chunk::<R, T, 1, true>(w, r0, at, a, ch, &mut lanes),
+                    (2, false) => panel_chunk::<R, T, 2, true>(w, r0, at, a, ch, &mut lanes),
+                    (_, false) => panel_chunk::<R, T, 4, true>(w, r0, at, a, ch, &mut lanes),
                 }
             }
             chunk += LANES;
@@ -1531,9 +1614,11 @@ mod x86 {
 
     /// The blocks of chunk `ch` (each over `PER` lanes) of [`panel_avx512`], added to the
     /// lanes where the tile kernel adds them: block `i`'s bias to lane `i`, then to lane
-    /// `l` the product of the steps of block `l / PER` it holds, times `d_w·d_a`.
+    /// `l` the product of the steps of block `l / PER` it holds, times `d_w·d_a`. With
+    /// `HALVES` (Q6 rows) each half of a block has its own bias and scale, added first
+    /// half first, as the tile kernel does.
     #[inline(always)]
-    unsafe fn panel_chunk<const R: usize, const T: usize, const PER: usize>(
+    unsafe fn panel_chunk<const R: usize, const T: usize, const PER: usize, const HALVES: bool>(
         w: &PanelRows<'_>,
         r0: usize,
         at: &[RowAt; R],
@@ -1558,9 +1643,21 @@ mod x86 {
                 let b = ch.start + i;
                 for t in 0..T {
                     let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
-                    for r in 0..R {
-                        let m = _mm512_set1_ps(*w.m.get_unchecked((r0 + r) * w.nbp + b));
-                        lanes[r][t][i] = _mm512_fmadd_ps(m, sa, lanes[r][t][i]);
+                    if HALVES {
+                        let h = _mm512_loadu_ps(a[t].h.as_ptr().add(16 * b));
+                        let rest = _mm512_sub_ps(sa, h);
+                        for r in 0..R {
+                            let at = (r0 + r) * w.nbp + b;
+                            let m0 = _mm512_set1_ps(*w.m.get_unchecked(at));
+                            let m1 = _mm512_set1_ps(*w.m1.get_unchecked(at));
+                            let x = _mm512_fmadd_ps(m0, h, lanes[r][t][i]);
+                            lanes[r][t][i] = _mm512_fmadd_ps(m1, rest, x);
+                        }
+                    } else {
+                        for r in 0..R {
+                            let m = _mm512_set1_ps(*w.m.get_unchecked((r0 + r) * w.nbp + b));
+                            lanes[r][t][i] = _mm512_fmadd_ps(m, sa, lanes[r][t][i]);
+                        }
                     }
                 }
             };
@@ -1568,7 +1665,27 @@ mod x86 {
             let lane = |lanes: &mut [[[__m512; LANES]; T]; R], l: usize| {
                 let b = ch.start + l / PER;
                 let mut dot = [[_mm512_setzero_si512(); T]; R];
+                // Q6: the first half's product, added with its scale before the second's.
+                let flush =
+                    |lanes: &mut [[[__m512; LANES]; T]; R], dot: &[[__m512i; T]; R], ws: &[f32]| {
+                        for t in 0..T {
+                            let da = _mm512_loadu_ps(a[t].d.as_ptr().add(16 * b));
+                            for r in 0..R {
+                                let d = _mm512_set1_ps(*ws.get_unchecked((r0 + r) * w.nbp + b));
+                                let x = &mut lanes[r][t][l];
+                                *x = _mm512_fmadd_ps(
+                                    _mm512_cvtepi32_ps(dot[r][t]),
+                                    _mm512_mul_ps(d, da),
+                                    *x,
+                                );
+                            }
+                        }
+                    };
                 for step in 0..8 / PER {
+                    if HALVES && step == 4 / PER {
+                        flush(lanes, &dot, w.d);
+                        dot = [[_mm512_setzero_si512(); T]; R];
+                    }
                     let g = step * PER + l % PER;
                     let av: [__m512i; T] = std::array::from_fn(|t| {
                         _mm512_loadu_si512(a[t].q.as_ptr().add(64 * (8 * b + g)) as *const _)
@@ -1585,18 +1702,7 @@ mod x86 {
                         }
                     }
                 }
-                for t in 0..T {
-                    let da = _mm512_loadu_ps(a[t].d.as_ptr().add(16 * b));
-                    for r in 0..R {
-                        let d = _mm512_set1_ps(*w.d.get_unchecked((r0 + r) * w.nbp + b));
-                        let x = &mut lanes[r][t][l];
-                        *x = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(dot[r][t]),
-                            _mm512_mul_ps(d, da),
-                            *x,
-                        );
-                    }
-                }
+                flush(lanes, &dot, if HALVES { w.d1 } else { w.d });
             };
             if PER == 1 {
                 // One lane a block: its bias, then its product.

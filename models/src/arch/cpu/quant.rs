@@ -356,6 +356,7 @@ struct PanelBuf {
     q: Vec<i8>,
     d: Vec<f32>,
     s: Vec<f32>,
+    h: Vec<f32>,
     tokens: usize,
 }
 
@@ -397,12 +398,13 @@ impl QActs {
             q: &p.q[j * nq..(j + 1) * nq],
             d: &p.d[j * nd..(j + 1) * nd],
             s: &p.s[j * nd..(j + 1) * nd],
+            h: &p.h[j * nd..(j + 1) * nd],
         }
     }
 
     /// Fills [`QActs::panel`] from the first `seq` rows: group `j`'s block `b` holds, for
     /// each of its tokens `c`, the four values `4g..4g + 4` at `64·(8b + g) + 4c`, and the
-    /// block's scale and sum at `16b + c`.
+    /// block's scale, sum and first half's sum at `16b + c`.
     fn transpose(&mut self, seq: usize) {
         let (nbp, kp) = (self.nbp, self.nbp * BLOCK);
         let groups = seq.div_ceil(PANEL_TOKENS);
@@ -413,6 +415,8 @@ impl QActs {
         p.d.resize(groups * nbp * PANEL_TOKENS, 0.0);
         p.s.clear();
         p.s.resize(groups * nbp * PANEL_TOKENS, 0.0);
+        p.h.clear();
+        p.h.resize(groups * nbp * PANEL_TOKENS, 0.0);
         // Where each group of four values of a row lies in the lane layout.
         let from: Vec<usize> = (0..nbp * BLOCK / 4)
             .map(|u| self.layout.byte_index(nbp, u / 8, 4 * (u % 8)))
@@ -429,6 +433,7 @@ impl QActs {
                 let at = (j * nbp + b) * PANEL_TOKENS + lane;
                 p.d[at] = self.d[c * nbp + b];
                 p.s[at] = self.s[c * nbp + b];
+                p.h[at] = self.h[c * nbp + b];
             }
         }
         p.tokens = seq;
@@ -801,7 +806,10 @@ fn for_tiles(
     if acts.panel.tokens == seq
         && seq > 0
         && w.layout == Layout::Lanes
-        && matches!(w.fmt, Format::Q8_0 | Format::Q4_0 | Format::Q4_1)
+        && matches!(
+            w.fmt,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q6
+        )
     {
         return for_panels(isa, w, rows, acts, seq, emit);
     }
@@ -836,8 +844,8 @@ const PANEL_GROUP_BYTES: usize = 256 << 10;
 
 /// [`for_tiles`] by the prompt kernel ([`kernels::panel`]), for the first `seq` rows of
 /// `acts`, which [`quantize`] transposed. The rows go in groups of at most
-/// [`PANEL_GROUP_BYTES`]; each group is unpacked to a byte a value (Q4 formats) and its
-/// scales and biases to f32 once, then every group of 16 tokens meets its rows eight at a
+/// [`PANEL_GROUP_BYTES`]; each group is unpacked to a byte a value (Q4 and Q6 formats)
+/// and its scales and biases (Q6: of each half) to f32 once, then every group of 16 tokens meets its rows eight at a
 /// time.
 fn for_panels(
     isa: Isa,
@@ -850,27 +858,38 @@ fn for_panels(
     let (nbp, kp) = (w.nbp, w.nbp * BLOCK);
     let group = (PANEL_GROUP_BYTES / (kp + 8 * nbp)).max(8) / 8 * 8;
     let (mut bytes, mut d, mut m) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut d1, mut m1) = (Vec::new(), Vec::new());
     let mut out = Vec::new();
     let mut g0 = rows.start;
     while g0 < rows.end {
         let g = g0..(g0 + group).min(rows.end);
         let n = g.len();
         let packed = w.view(g.start, n);
-        let q: &[u8] = if w.fmt == Format::Q8_0 {
-            packed.q
-        } else {
-            kernels::unpack_nibbles(&packed, &mut bytes);
-            &bytes
+        let q: &[u8] = match w.fmt {
+            Format::Q8_0 => packed.q,
+            Format::Q6 => {
+                kernels::unpack_q6(&packed, &mut bytes);
+                &bytes
+            }
+            _ => {
+                kernels::unpack_nibbles(&packed, &mut bytes);
+                &bytes
+            }
         };
-        d.clear();
-        m.clear();
+        let halves = w.fmt == Format::Q6;
+        for v in [&mut d, &mut m, &mut d1, &mut m1] {
+            v.clear();
+        }
         for r in 0..n {
-            packed.row_scales(r, &mut d, &mut m);
+            let half = halves.then_some((&mut d1, &mut m1));
+            packed.row_scales(r, &mut d, &mut m, half);
         }
         let pr = PanelRows {
             q,
             d: &d,
             m: &m,
+            d1: &d1,
+            m1: &m1,
             nbp,
             rows: packed.rows,
         };
@@ -1082,6 +1101,8 @@ pub(crate) fn gated(
 
 #[cfg(test)]
 mod tests {
+    use candle_core::quantized::QTensor;
+    use candle_core::{Device, Tensor};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -1171,9 +1192,25 @@ mod tests {
         let pool = Pool::new(1).expect("pool");
         // Short last chunks (k = 576: 18 blocks; 96: 3 blocks, padded to 4), short last
         // tiles (rows 5, 13), odd groups of 16 tokens (17, 40: a group of two, then one).
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1] {
-            for (rows, k, seq) in [(13, 576, 17), (5, 96, 40), (24, 1024, 16), (40, 2048, 33)] {
-                let blocks = ggml_blocks(dtype, rows, k, &mut rng);
+        // Q6_K rows need k in whole super-blocks: their short last chunks have 8 blocks.
+        let q6_shapes = [(13, 768, 17), (5, 256, 40), (24, 1024, 16), (40, 2304, 33)];
+        let shapes = [(13, 576, 17), (5, 96, 40), (24, 1024, 16), (40, 2048, 33)];
+        for dtype in [
+            GgmlDType::Q8_0,
+            GgmlDType::Q4_0,
+            GgmlDType::Q4_1,
+            GgmlDType::Q6K,
+        ] {
+            let q6 = dtype == GgmlDType::Q6K;
+            for (rows, k, seq) in if q6 { q6_shapes } else { shapes } {
+                let blocks = if q6 {
+                    let v: Vec<f32> = (0..rows * k).map(|_| rng.gen_range(-1f32..1.0)).collect();
+                    let t = Tensor::from_vec(v, (rows, k), &Device::Cpu).expect("tensor");
+                    let q = QTensor::quantize(&t, dtype).expect("q6k");
+                    q.data().expect("data").to_vec()
+                } else {
+                    ggml_blocks(dtype, rows, k, &mut rng)
+                };
                 let w = QMatrix::from_ggml(dtype, rows, k, &blocks, Layout::Lanes).expect("repack");
                 let x: Vec<f32> = (0..seq * k).map(|_| rng.gen_range(-2f32..2.0)).collect();
                 let mut acts = QActs::new(k, Layout::Lanes, Isa::Scalar);
