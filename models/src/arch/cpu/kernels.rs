@@ -1662,28 +1662,49 @@ mod x86 {
                 }
             };
             // Lane l: steps 0.. of block l / PER, which hold its groups l % PER + PER·step.
+            // With `PER == 1` lane `l` is block `l`, and its bias is added in the same pass
+            // as its first product (one load and store of the lane instead of two).
             let lane = |lanes: &mut [[[__m512; LANES]; T]; R], l: usize| {
                 let b = ch.start + l / PER;
                 let mut dot = [[_mm512_setzero_si512(); T]; R];
                 // Q6: the first half's product, added with its scale before the second's.
-                let flush =
-                    |lanes: &mut [[[__m512; LANES]; T]; R], dot: &[[__m512i; T]; R], ws: &[f32]| {
-                        for t in 0..T {
-                            let da = _mm512_loadu_ps(a[t].d.as_ptr().add(16 * b));
-                            for r in 0..R {
-                                let d = _mm512_set1_ps(*ws.get_unchecked((r0 + r) * w.nbp + b));
-                                let x = &mut lanes[r][t][l];
-                                *x = _mm512_fmadd_ps(
-                                    _mm512_cvtepi32_ps(dot[r][t]),
-                                    _mm512_mul_ps(d, da),
-                                    *x,
-                                );
+                let flush = |lanes: &mut [[[__m512; LANES]; T]; R],
+                             dot: &[[__m512i; T]; R],
+                             ws: &[f32],
+                             with_bias: bool| {
+                    for t in 0..T {
+                        let da = _mm512_loadu_ps(a[t].d.as_ptr().add(16 * b));
+                        let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
+                        let h = if HALVES {
+                            _mm512_loadu_ps(a[t].h.as_ptr().add(16 * b))
+                        } else {
+                            sa
+                        };
+                        for r in 0..R {
+                            let at = (r0 + r) * w.nbp + b;
+                            let mut x = lanes[r][t][l];
+                            if with_bias {
+                                let m0 = _mm512_set1_ps(*w.m.get_unchecked(at));
+                                if HALVES {
+                                    let m1 = _mm512_set1_ps(*w.m1.get_unchecked(at));
+                                    x = _mm512_fmadd_ps(m0, h, x);
+                                    x = _mm512_fmadd_ps(m1, _mm512_sub_ps(sa, h), x);
+                                } else {
+                                    x = _mm512_fmadd_ps(m0, sa, x);
+                                }
                             }
+                            let d = _mm512_set1_ps(*ws.get_unchecked(at));
+                            lanes[r][t][l] = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(dot[r][t]),
+                                _mm512_mul_ps(d, da),
+                                x,
+                            );
                         }
-                    };
+                    }
+                };
                 for step in 0..8 / PER {
                     if HALVES && step == 4 / PER {
-                        flush(lanes, &dot, w.d);
+                        flush(lanes, &dot, w.d, PER == 1);
                         dot = [[_mm512_setzero_si512(); T]; R];
                     }
                     let g = step * PER + l % PER;
@@ -1702,12 +1723,15 @@ mod x86 {
                         }
                     }
                 }
-                flush(lanes, &dot, if HALVES { w.d1 } else { w.d });
+                if HALVES {
+                    flush(lanes, &dot, w.d1, false);
+                } else {
+                    flush(lanes, &dot, w.d, PER == 1);
+                }
             };
             if PER == 1 {
-                // One lane a block: its bias, then its product.
+                // One lane a block: its bias, then its product, in one pass.
                 for i in 0..ch.n {
-                    bias(lanes, i);
                     lane(lanes, i);
                 }
             } else {
