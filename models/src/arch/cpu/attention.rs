@@ -405,6 +405,67 @@ mod tests {
         out
     }
 
+    /// A prompt attends token by token with all heads in one chunk, decode head by head
+    /// in chunks of their own; a token must get the same bits either way (a prompt split
+    /// by the prefix cache then answers as a whole one). Four head sizes, 1 to 4 query heads
+    /// a KV head.
+    #[test]
+    fn a_prompt_and_decode_give_a_token_the_same_bits() {
+        for (n_head, n_kv, head_dim) in [(8, 2, 64), (6, 1, 128), (9, 3, 64), (4, 1, 256)] {
+            let dims = Dims {
+                n_head,
+                n_kv,
+                head_dim,
+            };
+            let pool = Pool::new(2).expect("pool");
+            let rope = Rope {
+                style: RopeStyle::Halves,
+                dims: head_dim,
+                base: 10_000.0,
+                linear: 1.0,
+                factors: None,
+                attn_factor: 1.0,
+            };
+            let mut rng = StdRng::seed_from_u64(9);
+            let width = dims.qkv_width();
+            let total = 35;
+            let raw: Vec<f32> = (0..total * width)
+                .map(|_| rng.gen_range(-1f32..1.0))
+                .collect();
+            let hidden = n_head * head_dim;
+            let run = |one_by_one: bool| {
+                let mut att = Attention::new(dims, 1, 64, &rope, 2);
+                let mut qkv = raw.clone();
+                let mut outs = vec![0f32; total * hidden];
+                let step = if one_by_one { 1 } else { total };
+                for from in (0..total).step_by(step) {
+                    let to = (from + step).min(total);
+                    let rows = &mut qkv[from * width..to * width];
+                    att.store(0, rows, to - from, from, None, true);
+                    att.attend(
+                        &pool,
+                        0,
+                        rows,
+                        to - from,
+                        from,
+                        &mut outs[from * hidden..to * hidden],
+                    );
+                }
+                outs
+            };
+            let (prompt, decode) = (run(false), run(true));
+            for (i, (a, b)) in prompt.iter().zip(&decode).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{n_head}/{n_kv} heads of {head_dim}: token {} value {}",
+                    i / hidden,
+                    i % hidden
+                );
+            }
+        }
+    }
+
     #[test]
     fn cached_attention_matches_reference() {
         // Windows: none, one that starts inside a key block, one wider than any prefix.

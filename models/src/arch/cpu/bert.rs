@@ -652,20 +652,6 @@ impl CpuBert {
     }
 }
 
-/// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values; unlike
-/// [`ops::softmax_unnormalised`] (kept bit for bit as the llama path was measured with), the
-/// exponentials and the sum run in separate loops, so both vectorise.
-fn softmax_unnormalised(x: &mut [f32]) -> f32 {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    x.iter_mut().for_each(|v| *v = ops::exp(*v - max));
-    let mut lanes = [0f32; 16];
-    let mut chunks = x.chunks_exact(16);
-    for c in &mut chunks {
-        lanes.iter_mut().zip(c).for_each(|(l, v)| *l += v);
-    }
-    lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
-}
-
 /// Keys a block of [`scores_of`] covers: one 512-bit register of f32.
 const KEYS: usize = 16;
 /// Queries a block of [`scores_of`] covers, each with its own accumulators (four named
@@ -734,7 +720,7 @@ impl Row<'_> {
         if let Some(bias) = self.bias {
             self.scores.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
         }
-        1.0 / softmax_unnormalised(self.scores)
+        1.0 / ops::softmax_unnormalised(self.scores)
     }
 }
 
