@@ -845,8 +845,8 @@ const PANEL_GROUP_BYTES: usize = 256 << 10;
 /// [`for_tiles`] by the prompt kernel ([`kernels::panel`]), for the first `seq` rows of
 /// `acts`, which [`quantize`] transposed. The rows go in groups of at most
 /// [`PANEL_GROUP_BYTES`]; each group is unpacked to a byte a value (Q4 and Q6 formats)
-/// and its scales and biases (Q6: of each half) to f32 once, then every group of 16 tokens meets its rows eight at a
-/// time.
+/// and its scales and biases (Q6: of each half) to f32 once, then every group of 16 tokens
+/// meets its rows eight at a time.
 fn for_panels(
     isa: Isa,
     w: &QMatrix,
