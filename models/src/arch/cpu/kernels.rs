@@ -1639,25 +1639,34 @@ mod x86 {
         // SAFETY (whole body): every weight read is four bytes of one of the chunk's steps
         // inside row r; every activation read is inside its group's transposed block.
         unsafe {
+            // Group t's sums of block b: all of it, and (Q6) its first half.
+            let sums = |t: usize, b: usize| {
+                let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
+                let h = if HALVES {
+                    _mm512_loadu_ps(a[t].h.as_ptr().add(16 * b))
+                } else {
+                    sa
+                };
+                (sa, h)
+            };
+            // `x` plus the bias of block b of the weights' row `r0 + r` (Q6: the first
+            // half's, then the second's), for the sums `(sa, h)` of a group of tokens.
+            let biased = |x: __m512, r: usize, b: usize, (sa, h): (__m512, __m512)| {
+                let at = (r0 + r) * w.nbp + b;
+                let m0 = _mm512_set1_ps(*w.m.get_unchecked(at));
+                if HALVES {
+                    let m1 = _mm512_set1_ps(*w.m1.get_unchecked(at));
+                    _mm512_fmadd_ps(m1, _mm512_sub_ps(sa, h), _mm512_fmadd_ps(m0, h, x))
+                } else {
+                    _mm512_fmadd_ps(m0, sa, x)
+                }
+            };
             let bias = |lanes: &mut [[[__m512; LANES]; T]; R], i: usize| {
                 let b = ch.start + i;
                 for t in 0..T {
-                    let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
-                    if HALVES {
-                        let h = _mm512_loadu_ps(a[t].h.as_ptr().add(16 * b));
-                        let rest = _mm512_sub_ps(sa, h);
-                        for r in 0..R {
-                            let at = (r0 + r) * w.nbp + b;
-                            let m0 = _mm512_set1_ps(*w.m.get_unchecked(at));
-                            let m1 = _mm512_set1_ps(*w.m1.get_unchecked(at));
-                            let x = _mm512_fmadd_ps(m0, h, lanes[r][t][i]);
-                            lanes[r][t][i] = _mm512_fmadd_ps(m1, rest, x);
-                        }
-                    } else {
-                        for r in 0..R {
-                            let m = _mm512_set1_ps(*w.m.get_unchecked((r0 + r) * w.nbp + b));
-                            lanes[r][t][i] = _mm512_fmadd_ps(m, sa, lanes[r][t][i]);
-                        }
+                    let sh = sums(t, b);
+                    for r in 0..R {
+                        lanes[r][t][i] = biased(lanes[r][t][i], r, b, sh);
                     }
                 }
             };
@@ -1674,26 +1683,13 @@ mod x86 {
                              with_bias: bool| {
                     for t in 0..T {
                         let da = _mm512_loadu_ps(a[t].d.as_ptr().add(16 * b));
-                        let sa = _mm512_loadu_ps(a[t].s.as_ptr().add(16 * b));
-                        let h = if HALVES {
-                            _mm512_loadu_ps(a[t].h.as_ptr().add(16 * b))
-                        } else {
-                            sa
-                        };
+                        let sh = sums(t, b);
                         for r in 0..R {
-                            let at = (r0 + r) * w.nbp + b;
                             let mut x = lanes[r][t][l];
                             if with_bias {
-                                let m0 = _mm512_set1_ps(*w.m.get_unchecked(at));
-                                if HALVES {
-                                    let m1 = _mm512_set1_ps(*w.m1.get_unchecked(at));
-                                    x = _mm512_fmadd_ps(m0, h, x);
-                                    x = _mm512_fmadd_ps(m1, _mm512_sub_ps(sa, h), x);
-                                } else {
-                                    x = _mm512_fmadd_ps(m0, sa, x);
-                                }
+                                x = biased(x, r, b, sh);
                             }
-                            let d = _mm512_set1_ps(*ws.get_unchecked(at));
+                            let d = _mm512_set1_ps(*ws.get_unchecked((r0 + r) * w.nbp + b));
                             lanes[r][t][l] = _mm512_fmadd_ps(
                                 _mm512_cvtepi32_ps(dot[r][t]),
                                 _mm512_mul_ps(d, da),

@@ -345,7 +345,7 @@ pub(crate) struct QActs {
     h: Vec<f32>,
     /// The rows quantised last, transposed for the prompt kernel ([`kernels::panel`]) in
     /// groups of [`PANEL_TOKENS`], when there were at least [`PANEL_MIN_TOKENS`] of them on
-    /// a tier that has it; `panel_tokens` is how many (0: none).
+    /// a tier that has it; `panel.tokens` is how many (0: none).
     panel: PanelBuf,
 }
 
@@ -856,7 +856,10 @@ fn for_panels(
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
     let (nbp, kp) = (w.nbp, w.nbp * BLOCK);
-    let group = (PANEL_GROUP_BYTES / (kp + 8 * nbp)).max(8) / 8 * 8;
+    let halves = w.fmt == Format::Q6;
+    // A row's bytes, and its f32 scales and biases (Q6: two of each a block).
+    let row_bytes = kp + if halves { 16 } else { 8 } * nbp;
+    let group = (PANEL_GROUP_BYTES / row_bytes).max(8) / 8 * 8;
     let (mut bytes, mut d, mut m) = (Vec::new(), Vec::new(), Vec::new());
     let (mut d1, mut m1) = (Vec::new(), Vec::new());
     let mut out = Vec::new();
@@ -876,7 +879,6 @@ fn for_panels(
                 &bytes
             }
         };
-        let halves = w.fmt == Format::Q6;
         for v in [&mut d, &mut m, &mut d1, &mut m1] {
             v.clear();
         }
