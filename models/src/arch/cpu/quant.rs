@@ -962,9 +962,10 @@ fn tiles_of_tokens<const C: usize>(
     c: usize,
     emit: &mut dyn FnMut(usize, usize, &[f32]),
 ) {
-    // No software prefetch: with a tile's rows interleaved into one stream, the hardware
-    // prefetcher keeps up, and prefetching 16 rows ahead slowed 1B decode on one AMD EPYC
-    // thread from 16.4 to 10.5 tokens/s (benches/RESULTS.md, issue 14).
+    // No prefetch of rows ahead here: with a tile's rows interleaved into one stream, the
+    // hardware prefetcher keeps up on the AVX-512 tier, and prefetching 16 rows ahead slowed
+    // 1B decode on one AMD EPYC thread from 16.4 to 10.5 tokens/s (benches/RESULTS.md,
+    // issue 14). The AVX2 tile kernel asks for its own stream 1 KiB ahead (`PF_DIST`).
     let a = acts.view(c, C);
     let mut r = rows.start;
     while r < rows.end {
