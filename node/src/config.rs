@@ -333,6 +333,9 @@ pub struct MemorySection {
     /// How many of the hybrid search's first hits the late-interaction stage re-orders
     /// (query and memory compared token by token); 0 turns the stage off.
     pub rerank_depth: usize,
+    /// Weight, in that stage, of a memory's likeness to the best hit (cosine of their
+    /// prompts): the next examples follow the best one; 0 turns it off.
+    pub neighbour_weight: f32,
 }
 
 impl Default for MemorySection {
@@ -348,6 +351,7 @@ impl Default for MemorySection {
             // The memory book's own default (`BookConfig`; config depends on no other
             // module, so a test in node/tests/memory_book.rs keeps the two equal).
             rerank_depth: 20,
+            neighbour_weight: 0.1,
         }
     }
 }
@@ -729,6 +733,9 @@ impl NodeConfig {
         if self.memory.rerank_depth > 200 {
             return invalid("memory.rerank_depth", "must be at most 200");
         }
+        if !(0.0..=4.0).contains(&self.memory.neighbour_weight) {
+            return invalid("memory.neighbour_weight", "must be between 0 and 4");
+        }
         if self.agent.max_depth > 5 {
             return invalid("agent.max_depth", "must be at most 5");
         }
@@ -1048,6 +1055,11 @@ mod tests {
             ),
             ("[memory]\nthreshold = 11", "memory.threshold"),
             ("[memory]\nrerank_depth = 500", "memory.rerank_depth"),
+            ("[memory]\nneighbour_weight = -1", "memory.neighbour_weight"),
+            (
+                "[memory]\nneighbour_weight = nan",
+                "memory.neighbour_weight",
+            ),
             ("[memory]\nmin_similarity = 2", "memory.min_similarity"),
             ("[memory]\nexamples = 100", "memory.examples"),
         ];

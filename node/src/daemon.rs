@@ -322,6 +322,7 @@ impl Node {
             Some(swarm.clone()),
             crate::memory::BookConfig {
                 rerank_depth: config.memory.rerank_depth,
+                neighbour_weight: config.memory.neighbour_weight,
                 ..crate::memory::BookConfig::default()
             },
         )

@@ -848,6 +848,14 @@ impl HybridIndex {
         true
     }
 
+    /// The first vector of entry `key` (quantised values and their scale), if indexed.
+    fn first_row(&self, key: u64) -> Option<(&[i8], f32)> {
+        let slot = *self.bm25.by_key.get(&key)? as usize;
+        let row = *self.slot_rows.get(slot)?.first()? as usize;
+        let dim = self.dim;
+        Some((&self.vectors[row * dim..(row + 1) * dim], self.scales[row]))
+    }
+
     /// Takes the token bits of `key` out of the index (none when it has none).
     pub fn take_tokens(&mut self, key: u64) -> Vec<TokenBits> {
         self.late.remove(&key).unwrap_or_default()
@@ -862,12 +870,20 @@ impl HybridIndex {
     /// [`Hit::score`] and a hit takes the score of the place it moves to; `bm25` and
     /// `cosine` move with their entry. Returns whether anything could be re-ordered (the
     /// query has tokens and two hits in reach have bits).
+    ///
+    /// `neighbour_weight` adds, to every hit in reach, that many times the cosine of its
+    /// first vector with the first vector of the hit the MaxSim ranks first (before the
+    /// prior multiplies; the leader gains the weight itself). Worked examples of one kind
+    /// of task resemble each other more than an entry that merely shares the request's
+    /// subject resembles them, so the second and third example follow the best one
+    /// (`benches/memory/README.md`). 0 turns it off.
     pub fn rerank_late(
         &self,
         hits: &mut [Hit],
         query: &TokenBits,
         depth: usize,
         prior: Option<&dyn Fn(u64) -> f32>,
+        neighbour_weight: f32,
     ) -> bool {
         if query.is_empty() {
             return false;
@@ -891,6 +907,24 @@ impl HybridIndex {
             .collect();
         if scored.len() < 2 {
             return false;
+        }
+        if neighbour_weight > 0.0 {
+            let leader = scored
+                .iter()
+                .copied()
+                // The first of equals leads, as the stable sort below would put it.
+                .reduce(|a, b| if b.0 > a.0 { b } else { a })
+                .and_then(|(_, i)| self.first_row(hits[i].key));
+            if let Some((lv, ls)) = leader {
+                for (score, i) in &mut scored {
+                    let key = hits[*i].key;
+                    let p = prior.map_or(1.0, |f| f(key).max(0.0));
+                    let cos = self
+                        .first_row(key)
+                        .map_or(0.0, |(v, s)| dot_i8(v, lv) as f32 * s * ls);
+                    *score += neighbour_weight * cos * p;
+                }
+            }
         }
         let places: Vec<usize> = scored.iter().map(|&(_, i)| i).collect();
         // Stable: ties keep the first stage's order.
@@ -1408,11 +1442,42 @@ mod tests {
         let scores: Vec<f32> = hits.iter().map(|h| h.score).collect();
         let cos3 = hits[2].cosine;
         // Depth 3: entry 4 stays where it is.
-        assert!(idx.rerank_late(&mut hits, &q, 3, None));
+        assert!(idx.rerank_late(&mut hits, &q, 3, None, 0.0));
         let after: Vec<u64> = hits.iter().map(|h| h.key).collect();
         assert_eq!(after, vec![3, 2, 1, 4]);
         assert_eq!(hits.iter().map(|h| h.score).collect::<Vec<_>>(), scores);
         assert_eq!(hits[0].cosine, cos3);
+    }
+
+    #[test]
+    fn late_interaction_brings_the_leaders_look_alike_forward_with_a_neighbour_weight() {
+        let mut idx = HybridIndex::new(2);
+        // 1 leads by its tokens; 3 is 1's look-alike (same vector) with weaker tokens than 2,
+        // whose vector is orthogonal to 1's.
+        idx.insert(1, "apple", vec![1.0, 0.0]).unwrap();
+        idx.insert(2, "apple", vec![0.0, 1.0]).unwrap();
+        idx.insert(3, "apple", vec![1.0, 0.0]).unwrap();
+        let q = tok(&[[1.0, 1.0, 1.0, 1.0]]);
+        idx.set_tokens(1, vec![tok(&[[1.0, 1.0, 1.0, 1.0]])]);
+        idx.set_tokens(2, vec![tok(&[[1.0, 1.0, 1.0, -1.0]])]);
+        idx.set_tokens(3, vec![tok(&[[1.0, 1.0, -1.0, -1.0]])]);
+        let hits = idx.search("apple", &[0.6, 0.8], 3, &HybridOptions::default());
+        let order = |w: f32| {
+            let mut h = hits.clone();
+            assert!(idx.rerank_late(&mut h, &q, 3, None, w));
+            h.iter().map(|h| h.key).collect::<Vec<_>>()
+        };
+        // MaxSim alone: 1 (1.0), 2 (0.5), 3 (0.0).
+        assert_eq!(order(0.0), vec![1, 2, 3]);
+        // Too light to outweigh half a MaxSim.
+        assert_eq!(order(0.4), vec![1, 2, 3]);
+        // 3 gains the weight times its cosine with 1 (1.0), 2 nothing; 1 keeps the lead.
+        assert_eq!(order(1.0), vec![1, 3, 2]);
+        // A prior of 0 still ranks an entry last, look-alike or not.
+        let demote = |key: u64| if key == 3 { 0.0 } else { 1.0 };
+        let mut h = hits.clone();
+        assert!(idx.rerank_late(&mut h, &q, 3, Some(&demote), 1.0));
+        assert_eq!(h.iter().map(|h| h.key).collect::<Vec<_>>(), vec![1, 2, 3]);
     }
 
     #[test]
@@ -1429,12 +1494,12 @@ mod tests {
         }
         let hits = idx.search("apple", &[1.0, 0.0], 4, &HybridOptions::default());
         let mut a = hits.clone();
-        assert!(idx.rerank_late(&mut a, &q, 4, None));
+        assert!(idx.rerank_late(&mut a, &q, 4, None, 0.0));
         assert_eq!(a[0].key, 2);
         // A prior of 0 for entry 2 puts it last, whatever its tokens.
         let demote = |key: u64| if key == 2 { 0.0 } else { 1.0 };
         let mut b = hits.clone();
-        assert!(idx.rerank_late(&mut b, &q, 4, Some(&demote)));
+        assert!(idx.rerank_late(&mut b, &q, 4, Some(&demote), 0.0));
         assert_eq!(
             b.iter().map(|h| h.key).collect::<Vec<_>>(),
             vec![1, 3, 4, 2]
@@ -1445,21 +1510,21 @@ mod tests {
             .unwrap();
         idx.set_tokens(4, vec![tok(&[[1.0, 1.0, 1.0, -1.0]])]);
         let mut c = hits.clone();
-        assert!(idx.rerank_late(&mut c, &q, 4, None));
+        assert!(idx.rerank_late(&mut c, &q, 4, None, 0.0));
         assert_eq!(
             c.iter().map(|h| h.key).collect::<Vec<_>>(),
             vec![4, 2, 1, 3]
         );
         // Fewer than two entries with bits in reach: nothing moves.
         let mut d = hits.clone();
-        assert!(!idx.rerank_late(&mut d, &q, 2, None));
+        assert!(!idx.rerank_late(&mut d, &q, 2, None, 0.0));
         assert_eq!(d, hits);
         // A hit the first stage scored 0 is out of reach.
         let mut e = hits.clone();
         e[0].score = 0.0;
-        assert!(!idx.rerank_late(&mut e, &q, 4, None));
+        assert!(!idx.rerank_late(&mut e, &q, 4, None, 0.0));
         // No query tokens, unknown keys.
-        assert!(!idx.rerank_late(&mut c, &TokenBits::default(), 4, None));
+        assert!(!idx.rerank_late(&mut c, &TokenBits::default(), 4, None, 0.0));
         assert!(!idx.set_tokens(99, vec![q.clone()]));
         assert!(idx.remove(2) && !idx.set_tokens(2, vec![q]));
     }

@@ -605,12 +605,10 @@ async fn rows_without_token_bits_get_them_once_and_keep_them_across_reopen() {
 
 #[test]
 fn the_config_file_default_is_the_books_default() {
-    assert_eq!(
-        starling_node::config::NodeConfig::default()
-            .memory
-            .rerank_depth,
-        BookConfig::default().rerank_depth
-    );
+    let file = starling_node::config::NodeConfig::default().memory;
+    let book = BookConfig::default();
+    assert_eq!(file.rerank_depth, book.rerank_depth);
+    assert_eq!(file.neighbour_weight, book.neighbour_weight);
 }
 
 #[tokio::test]

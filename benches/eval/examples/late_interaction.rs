@@ -7,6 +7,10 @@
 //! cargo run --release -p starling-eval --example late_interaction -- team TASKS...
 //! ```
 //!
+//! The `best + w nb` rows add `w` times the cosine of a memory's prompt vector with that of
+//! the MaxSim's first hit (the book's `neighbour_weight`); the `rocchio` rows re-rank by the
+//! query vector plus `w` times the first hit's.
+//!
 //! `PROBE_QUANT=int8` or `sign` keeps the memory side's token vectors as 8-bit integers or
 //! as sign bits (the node's choice) instead of `f32`. The memories' first stage is the book
 //! without its own re-ranking.
@@ -181,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
             .collect()
     };
     let prompt_tok = q(tokens_of(&tokens, &prompts)?);
+    let pvec = tokens.embed(&prompts)?;
     let whole_tok = q(tokens_of(&tokens, &whole_refs)?);
     eprintln!(
         "token vectors of {} memories: {:?}",
@@ -209,10 +214,23 @@ async fn main() -> anyhow::Result<()> {
             "node + 0.5 best",
             "node + 1.0 best",
             "node + 2.0 best",
+            "best + 0.1 nb",
+            "best + 0.25 nb",
+            "best + 0.5 nb",
+            "rocchio 0.5",
+            "rocchio 1.0",
         ];
         let mut ranks: Vec<Vec<Vec<String>>> = vec![Vec::new(); variants.len()];
         for (i, q) in queries.iter().enumerate() {
-            let hits = book.ranked(&q.domain, &q.query, &qvec[i], None, DEPTH, true, None);
+            let hits = book.ranked(
+                &q.domain,
+                &q.query,
+                &qvec[i],
+                None,
+                DEPTH,
+                true,
+                starling_node::memory::RankOverrides::default(),
+            );
             let node: Vec<String> = hits.iter().map(|h| h.memory.id.clone()).collect();
             let ms: Vec<(f32, f32)> = hits
                 .iter()
@@ -249,6 +267,30 @@ async fn main() -> anyhow::Result<()> {
             }));
             for (v, w) in [(5, 0.5f32), (6, 1.0), (7, 2.0)] {
                 ranks[v].push(order_by(&|k| hits[k].score / top + w * best(k)));
+            }
+            let dot = |a: &[f32], b: &[f32]| -> f32 { a.iter().zip(b).map(|(x, y)| x * y).sum() };
+            let vec_of = |k: usize| &pvec[positions[hits[k].memory.id.as_str()]];
+            let first = (0..hits.len()).max_by(|&a, &b| best(a).total_cmp(&best(b)));
+            for (v, w) in [(8, 0.1f32), (9, 0.25), (10, 0.5)] {
+                ranks[v].push(order_by(&|k| {
+                    let nb = match first {
+                        Some(f) if f != k => dot(vec_of(k), vec_of(f)),
+                        Some(_) => 1.0,
+                        None => 0.0,
+                    };
+                    best(k) + w * nb
+                }));
+            }
+            for (v, w) in [(11, 0.5f32), (12, 1.0)] {
+                let qv: Vec<f32> = match first {
+                    Some(f) => qvec[i]
+                        .iter()
+                        .zip(vec_of(f))
+                        .map(|(a, b)| a + w * b)
+                        .collect(),
+                    None => qvec[i].clone(),
+                };
+                ranks[v].push(order_by(&|k| dot(&qv, vec_of(k))));
             }
         }
         for (name, r) in variants.iter().zip(ranks) {

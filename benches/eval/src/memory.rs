@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use starling_models::embed::EmbedHandle;
 
-use starling_node::memory::book::{BookConfig, BookError, Inserted, MemoryBook};
+use starling_node::memory::book::{BookConfig, BookError, Inserted, MemoryBook, RankOverrides};
 use starling_node::memory::record::{validate_domain, Memory, MAX_SCORE};
 use starling_node::store::Store;
 
@@ -295,28 +295,35 @@ pub async fn evaluate(
             tokens.push(t);
         }
     }
-    // (semantic, lexical) weights, whether the prior counts and whether the re-ranking
-    // stage runs; `None` = the book's own weights.
-    let rank_with =
-        |i: usize, weights: Option<(f32, f32)>, with_prior: bool, late: bool| -> Vec<String> {
-            let q = &queries[i];
-            book.ranked(
-                &q.domain,
-                &q.query,
-                &embeddings[i],
-                tokens[i].as_ref().filter(|_| late),
-                DEPTH,
-                with_prior,
-                weights,
-            )
-            .into_iter()
-            .map(|h| h.memory.id)
-            .collect()
-        };
-    let rank = |i: usize, weights: Option<(f32, f32)>, with_prior: bool| {
-        rank_with(i, weights, with_prior, false)
+    // Weights in place of the book's own, whether the prior counts and whether the
+    // re-ranking stage runs.
+    let rank_with = |i: usize, overrides: RankOverrides, with_prior: bool, late: bool| {
+        let q = &queries[i];
+        book.ranked(
+            &q.domain,
+            &q.query,
+            &embeddings[i],
+            tokens[i].as_ref().filter(|_| late),
+            DEPTH,
+            with_prior,
+            overrides,
+        )
+        .into_iter()
+        .map(|h| h.memory.id)
+        .collect::<Vec<String>>()
     };
-    let hybrid_rank = |i: usize| rank_with(i, None, true, true);
+    let rank = |i: usize, weights: Option<(f32, f32)>, with_prior: bool| {
+        let overrides = RankOverrides {
+            weights,
+            ..RankOverrides::default()
+        };
+        rank_with(i, overrides, with_prior, false)
+    };
+    let hybrid_rank = |i: usize| rank_with(i, RankOverrides::default(), true, true);
+    let no_neighbours = RankOverrides {
+        neighbour_weight: Some(0.0),
+        ..RankOverrides::default()
+    };
     let bm25_rank = |i: usize| rank(i, Some((0.0, 1.0)), false);
     let dense_rank = |i: usize| rank(i, Some((1.0, 0.0)), false);
     let rrf_rank = |i: usize| {
@@ -345,7 +352,11 @@ pub async fn evaluate(
         stage("RRF of the two", score(&rrf_rank)),
         stage("fused", score(&|i| rank(i, None, false))),
         stage("fused x prior", score(&|i| rank(i, None, true))),
-        stage("node (x prior, late interaction)", score(&hybrid_rank)),
+        stage(
+            "x prior, late interaction",
+            score(&|i| rank_with(i, no_neighbours, true, true)),
+        ),
+        stage("node (late + neighbours)", score(&hybrid_rank)),
     ];
     let mut times = Vec::with_capacity(n);
     for q in queries {

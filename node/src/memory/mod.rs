@@ -19,6 +19,6 @@ pub mod sync;
 pub use admission::{admit, score_pair, AdmissionConfig, Admitted, Pair, Rejection};
 pub use book::{
     format_examples, BookConfig, BookError, DomainProfile, Inserted, MemoryBook, MemoryHit,
-    WithVectors,
+    RankOverrides, WithVectors,
 };
 pub use record::{Memory, MemoryBody, MemoryError, DEFAULT_DOMAIN, MEMORY_KIND, MEMORY_VERSION};
