@@ -356,7 +356,7 @@ pub async fn evaluate(
             "x prior, late interaction",
             score(&|i| rank_with(i, no_neighbours, true, true)),
         ),
-        stage("node (late + neighbours)", score(&hybrid_rank)),
+        stage("node (late interaction + neighbours)", score(&hybrid_rank)),
     ];
     let mut times = Vec::with_capacity(n);
     for q in queries {

@@ -53,9 +53,11 @@ async fn eval_metrics_on_a_toy_file() {
     assert_eq!(r.hybrid.queries, 6);
     assert!(r.hybrid.recall_at_3 >= 0.99, "{r:?}");
     assert!(r.hybrid.mrr >= r.bm25.mrr, "{r:?}");
-    // The node's ranking is the last stage: the late-interaction re-ranking.
+    // The node's ranking is the last stage: the late-interaction re-ranking with the
+    // neighbour term.
     let last = r.stages.last().unwrap();
     assert!(last.name.contains("late interaction"), "{}", last.name);
+    assert!(last.name.contains("neighbours"), "{}", last.name);
     assert_eq!(last.metrics, r.hybrid);
     let f = r.feedback.unwrap();
     assert_eq!(f.train_queries, 3);
