@@ -888,8 +888,8 @@ impl HybridIndex {
         if query.is_empty() {
             return false;
         }
-        // (late score, place) of every hit in reach that has token bits.
-        let mut scored: Vec<(f32, usize)> = hits
+        // (late score, place, prior) of every hit in reach that has token bits.
+        let mut scored: Vec<(f32, usize, f32)> = hits
             .iter()
             .take(depth)
             .take_while(|h| h.score > 0.0)
@@ -902,7 +902,7 @@ impl HybridIndex {
                     .fold(f32::NEG_INFINITY, f32::max);
                 let p = prior.map_or(1.0, |f| f(h.key).max(0.0));
                 // MaxSim is in [-1, 1]: shifted to [0, 2] so a prior of 0 still ranks last.
-                Some(((late + 1.0) * p, i))
+                Some(((late + 1.0) * p, i, p))
             })
             .collect();
         if scored.len() < 2 {
@@ -914,22 +914,20 @@ impl HybridIndex {
                 .copied()
                 // The first of equals leads, as the stable sort below would put it.
                 .reduce(|a, b| if b.0 > a.0 { b } else { a })
-                .and_then(|(_, i)| self.first_row(hits[i].key));
+                .and_then(|(_, i, _)| self.first_row(hits[i].key));
             if let Some((lv, ls)) = leader {
-                for (score, i) in &mut scored {
-                    let key = hits[*i].key;
-                    let p = prior.map_or(1.0, |f| f(key).max(0.0));
+                for (score, i, p) in &mut scored {
                     let cos = self
-                        .first_row(key)
+                        .first_row(hits[*i].key)
                         .map_or(0.0, |(v, s)| dot_i8(v, lv) as f32 * s * ls);
-                    *score += neighbour_weight * cos * p;
+                    *score += neighbour_weight * cos * *p;
                 }
             }
         }
-        let places: Vec<usize> = scored.iter().map(|&(_, i)| i).collect();
+        let places: Vec<usize> = scored.iter().map(|&(_, i, _)| i).collect();
         // Stable: ties keep the first stage's order.
         scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let moved: Vec<Hit> = scored.iter().map(|&(_, i)| hits[i]).collect();
+        let moved: Vec<Hit> = scored.iter().map(|&(_, i, _)| hits[i]).collect();
         for (&place, mut h) in places.iter().zip(moved) {
             h.score = hits[place].score;
             hits[place] = h;
