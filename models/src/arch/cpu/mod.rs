@@ -16,6 +16,7 @@ pub(crate) mod bert;
 mod kernels;
 pub use kernels::ISA_ENV;
 mod ops;
+mod pages;
 mod pool;
 mod quant;
 

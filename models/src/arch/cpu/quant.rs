@@ -17,6 +17,7 @@ const Q6K_VALUES: usize = 256;
 const Q6K_BYTES: usize = 210;
 const Q6K_SUB: usize = 16;
 use super::ops;
+use super::pages::Pages;
 use super::pool::{Disjoint, Pool};
 
 /// Values in a Q4_K super-block, and its bytes.
@@ -55,9 +56,9 @@ pub(crate) struct QMatrix {
     rows: usize,
     k: usize,
     nbp: usize,
-    q: Vec<u8>,
-    d: Vec<f16>,
-    m: Vec<f16>,
+    q: Pages<u8>,
+    d: Pages<f16>,
+    m: Pages<f16>,
 }
 
 impl QMatrix {
@@ -103,13 +104,15 @@ impl QMatrix {
             rows,
             k,
             nbp,
-            q: vec![0; rows * rb],
-            d: vec![f16::ZERO; rows * nbp * fmt.scales_per_block(layout)],
-            m: if fmt.has_second_scale() && fmt.scales_per_block(layout) == 1 {
-                vec![f16::ZERO; rows * nbp]
-            } else {
-                Vec::new()
-            },
+            q: Pages::zeroed(rows * rb),
+            d: Pages::zeroed(rows * nbp * fmt.scales_per_block(layout)),
+            m: Pages::zeroed(
+                if fmt.has_second_scale() && fmt.scales_per_block(layout) == 1 {
+                    rows * nbp
+                } else {
+                    0
+                },
+            ),
         };
         let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
         // One 32-value block at a time: its unsigned values, scale and (Q4_1) minimum.
@@ -262,17 +265,21 @@ impl QMatrix {
         {
             return Err(parts);
         }
-        let mut it = parts.into_iter();
-        let Some(mut all) = it.next() else {
-            return Err(Vec::new());
-        };
-        for p in it {
-            all.rows += p.rows;
-            all.q.extend_from_slice(&p.q);
-            all.d.extend_from_slice(&p.d);
-            all.m.extend_from_slice(&p.m);
-        }
-        Ok(all)
+        let q = Pages::concat(&parts.iter().map(|p| &p.q[..]).collect::<Vec<_>>());
+        let d = Pages::concat(&parts.iter().map(|p| &p.d[..]).collect::<Vec<_>>());
+        let m = Pages::concat(&parts.iter().map(|p| &p.m[..]).collect::<Vec<_>>());
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let nbp = first.nbp;
+        Ok(QMatrix {
+            fmt,
+            layout,
+            rows,
+            k,
+            nbp,
+            q,
+            d,
+            m,
+        })
     }
 
     /// Number of rows (outputs).
