@@ -4,8 +4,9 @@
 //! that is 200,000 page-table entries a token, more than the second-level TLB holds by two
 //! orders, so the streaming loads also walk page tables. Most Linux systems leave
 //! transparent huge pages to `madvise` (`/sys/kernel/mm/transparent_hugepage/enabled`), and
-//! glibc's allocator serves a buffer below 32 MiB from its heap, whose pages are already
-//! touched, so a weight matrix ends up on 4 KiB pages unless it asks. [`Pages`] maps a large
+//! glibc asks for none: a matrix came either from its heap (already touched pages, below its
+//! 32 MiB `mmap` threshold) or, while the engine loads (`budget::load_in_own_pages`), from a
+//! mapping of its own that nobody advised, so it sat on 4 KiB pages. [`Pages`] maps a large
 //! buffer itself, 2 MiB aligned, and advises its whole 2 MiB pages as huge before any is
 //! touched; its tail (less than 2 MiB) stays on small pages, so nothing is rounded up in
 //! memory. Measured in `benches/RESULTS.md` (issue 14, 2026-12-07). Where the system says
