@@ -900,6 +900,9 @@ fn slot_of(clause: &str) -> (Slot, Vec<String>) {
             {
                 slot = Slot::Quantity;
                 slot_terms.extend(terms_of(v));
+            } else if asks_total(clause) {
+                // `what does the order come to`: an amount, named by no noun.
+                slot = Slot::Quantity;
             }
         }
         for v in content {
@@ -1194,7 +1197,7 @@ pub fn revisions(text: &str) -> Vec<(String, String)> {
     static WAS: OnceLock<Regex> = OnceLock::new();
     let from_to = re(
         &FROM_TO,
-        r"(?i)\b(?:moved|moves|changed|changes|shifted|shifts|switches|brought forward|put back|pushed back|rescheduled|revised|raised|lowered|increased|reduced|cut|updated|rose|fell|went up|went down|switched|regraded|replaced|re-?booked)\b[^.;]{0,40}?\bfrom ([^.;,()]{1,30}?)(?: to ([^.;,()]{1,30}?))?(?:[.;,()]|$| because| for | on | after | as | when )",
+        r"(?i)\b(?:moved|moves|changed|changes|shifted|shifts|switches|brought forward|put back|pushed back|rescheduled|revised|raised|lowered|increased|reduced|cut|updated|rose|fell|went up|went down|switched|regraded|replaced|re-?booked|reassigned|transferred|handed over)\b[^.;]{0,40}?\bfrom ([^.;,()]{1,30}?)(?: to ([^.;,()]{1,30}?))?(?:[.;,()]|$| because| for | on | after | as | when )",
     );
     let was = re(
         &WAS,
@@ -2382,7 +2385,14 @@ fn first_value(sub: &SubQuestion, unit: &Unit) -> Option<String> {
     if unit.fields.is_empty() {
         values.push(unit.text.as_str());
     } else {
-        values.extend(unit.fields.iter().map(|(_, v)| v.as_str()));
+        // A person is not found under a column that names another kind of value
+        // (`Address: 4 Alder Rise`, `Venue: Hall Green`).
+        values.extend(
+            unit.fields
+                .iter()
+                .filter(|(k, _)| sub.slot != Slot::Person || !names_other_kind(k))
+                .map(|(_, v)| v.as_str()),
+        );
     }
     for v in values {
         for span in typed_spans(sub.slot, v) {
@@ -2456,6 +2466,23 @@ fn restates(sub: &SubQuestion, text: &str) -> bool {
 
 /// Field names that say what kind of value a field holds (`Quantity: 1,200` answers a
 /// `how many` question), as index terms.
+/// Whether a field's name names a kind of value that is never a person (a place, a
+/// date or time, an amount or a count: see [`kind_names`]).
+fn names_other_kind(key: &str) -> bool {
+    let kt = terms_of(key);
+    [
+        Slot::Place,
+        Slot::Date,
+        Slot::Time,
+        Slot::Quantity,
+        Slot::Count,
+    ]
+    .iter()
+    .flat_map(|s| kind_names(*s))
+    .filter_map(|n| terms_of(n).into_iter().next())
+    .any(|n| kt.contains(&n))
+}
+
 fn kind_names(slot: Slot) -> &'static [&'static str] {
     match slot {
         Slot::Count => &["quantity", "number", "count", "total", "qty"],
@@ -2526,6 +2553,12 @@ fn best_named_field<'a>(sub: &SubQuestion, unit: &'a Unit, names: &[String]) -> 
 /// question asks about next (`CV 317`, `Larch`, `Persistence`).
 pub fn link_terms(sub: &SubQuestion, unit: &Unit) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
+    // What a revision in the unit replaced (`reassigned from Kerry Quinn`) is no longer the
+    // entity it names: following it leads to the old holder's value.
+    let old: HashSet<String> = revisions(&unit.text)
+        .iter()
+        .flat_map(|(o, _)| terms_of(o))
+        .collect();
     let sources: Vec<&str> = if unit.fields.is_empty() {
         vec![unit.text.as_str()]
     } else {
@@ -2544,7 +2577,7 @@ pub fn link_terms(sub: &SubQuestion, unit: &Unit) -> Vec<String> {
                 let known = sub.terms.iter().any(|q| q.term == t);
                 let weekday = WEEKDAYS_MONTHS.contains(&t.as_str());
                 let named = code || t.chars().any(char::is_alphabetic);
-                if !known && !weekday && !out.contains(&t) && named {
+                if !known && !weekday && !out.contains(&t) && named && !old.contains(&t) {
                     out.push(t);
                 }
             }
@@ -2815,6 +2848,46 @@ pub fn parse_quantity(span: &str) -> Option<Quantity> {
     })
 }
 
+/// The quantities of a record's fields, for an amount times a rate: a bare number takes
+/// the noun of its field's name as its unit (`Updos: 5` is 5 updos, `Changeovers in
+/// August: 5` is 5 changeovers), and a price under `Per X` is a rate per X (`Per
+/// changeover: £65`).
+fn field_quantities(unit: &Unit) -> Vec<Quantity> {
+    let mut out = Vec::new();
+    for (k, v) in &unit.fields {
+        let Some(mut q) = parse_quantity(v) else {
+            continue;
+        };
+        let key = k.trim().to_lowercase();
+        let (per_key, noun_of) = match key.strip_prefix("per ") {
+            Some(rest) => (true, rest.to_owned()),
+            None => (false, key.clone()),
+        };
+        // The key's head noun: its first word (`changeovers` of `changeovers in august`).
+        let noun = noun_of
+            .split(|c: char| !c.is_alphanumeric())
+            .find(|w| !w.is_empty())
+            .unwrap_or("")
+            .to_owned();
+        if noun.is_empty() || noun.chars().any(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if per_key {
+            if q.per.is_some() || !is_currency(&q.unit) {
+                continue;
+            }
+            q.per = Some(canonical_unit(&noun));
+            q.text = format!("{} per {noun}", v.trim());
+        } else if q.per.is_none() && !q.unit.chars().any(char::is_alphabetic) {
+            // (`5 (1, 8, 15 and 26 August)`: what follows the number is no unit.)
+            q.unit = canonical_unit(&noun);
+            q.text = format!("{} {noun}", v.trim());
+        }
+        out.push(q);
+    }
+    out
+}
+
 /// What a calculation question asks to do with the numbers it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -2826,6 +2899,10 @@ pub enum CalcOp {
     /// Two amounts of one kind added up (`adding up the casks at the Fox and at the
     /// festival`).
     Sum,
+    /// What something comes to in all (`what will the updos come to altogether`), where
+    /// the question does not say how: an amount times a rate where one of the two is a
+    /// rate, else the two amounts added up. The operands' units decide, not the wording.
+    Total,
 }
 
 /// The unit a question asks its answer in (`in kilograms`), canonical.
@@ -2871,6 +2948,18 @@ pub fn asks_difference(question: &str) -> bool {
 pub fn asks_sum(text: &str) -> bool {
     static R: OnceLock<Regex> = OnceLock::new();
     re(&R, r"(?i)\b(?:add(?:ing|ed)? up|combined)\b").is_match(text)
+}
+
+/// Whether `text` asks what something comes to in all (`what does the order come to`,
+/// `in total`, `altogether`, `all told`, `add up to`). A bare `total` is not enough: `the
+/// total capacity of the hall` is a stated figure.
+pub fn asks_total(text: &str) -> bool {
+    static R: OnceLock<Regex> = OnceLock::new();
+    re(
+        &R,
+        r"(?i)\b(?:(?:come|comes|came|coming) to|in total|altogether|all told|all in all|adds? up to|added up to)\b",
+    )
+    .is_match(text)
 }
 
 /// What a `how many (more)` question counts: the last word of the noun phrase after it
@@ -3001,6 +3090,16 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
                 result,
             })
         }
+        CalcOp::Total => match (&a.per, &b.per) {
+            // Amounts of one kind (`11` and `26 casks` count alike), but never money and
+            // a bare number (`£25` and the `8.3` of a colour code).
+            (None, None) if is_currency(&a.unit) == is_currency(&b.unit) => {
+                calculate(CalcOp::Sum, a, b)
+            }
+            (None, None) => None,
+            (Some(_), Some(_)) => None,
+            _ => calculate(CalcOp::Product, a, b),
+        },
         CalcOp::Product => {
             let (amount, rate) = match (&a.per, &b.per) {
                 (None, Some(_)) => (a, b),
@@ -3009,7 +3108,9 @@ pub fn calculate(op: CalcOp, a: &Quantity, b: &Quantity) -> Option<Calculation> 
             };
             let per = rate.per.as_deref()?;
             // `7` ringers (a bare count from a `Ringers` column) × `£28 per ringer`.
-            let f = if amount.unit.is_empty() && !is_unit(per) {
+            // `6 updos` × `£48 per updo`: the counted noun is the rate's.
+            let counted = |u: &str| u == per || u.strip_suffix('s') == Some(per);
+            let f = if (amount.unit.is_empty() || counted(&amount.unit)) && !is_unit(per) {
                 1.0
             } else {
                 conversion(&amount.unit, per)?
@@ -3292,12 +3393,18 @@ pub fn calc_op(question: &str, sub: &SubQuestion, direct: Option<&NodeHit>) -> O
     if asks_sum(question) {
         return Some(CalcOp::Sum);
     }
-    let unit = asked_unit(question)?;
-    let direct_unit = direct
-        .and_then(|d| d.located.span.as_deref())
-        .and_then(parse_quantity)
-        .map(|q| q.unit);
-    (direct_unit.as_deref() != Some(unit.as_str())).then_some(CalcOp::Product)
+    if let Some(unit) = asked_unit(question) {
+        let direct_unit = direct
+            .and_then(|d| d.located.span.as_deref())
+            .and_then(parse_quantity)
+            .map(|q| q.unit);
+        if direct_unit.as_deref() != Some(unit.as_str()) {
+            return Some(CalcOp::Product);
+        }
+    }
+    // `what will it come to altogether`: a total, by whichever operation its operands'
+    // units allow.
+    asks_total(question).then_some(CalcOp::Total)
 }
 
 /// The two hits (from different documents) whose quantities `op` combines, best first.
@@ -3312,7 +3419,7 @@ pub fn plan_calc(
 ) -> Option<(NodeHit, NodeHit, Calculation)> {
     // A conversion factor (`1 mile = 1.6 km`) is a general fact: it need not match the
     // question's words, only convert its value.
-    let mut qs: Vec<(&NodeHit, Quantity)> = hits
+    let mut qs: Vec<(&NodeHit, Quantity, bool)> = hits
         .iter()
         .filter(|h| {
             h.located.score >= MIN_SCORE * 0.6
@@ -3320,13 +3427,42 @@ pub fn plan_calc(
                     conversion_re().is_match(s) || money_conversion_re().is_match(s)
                 })
         })
-        .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?)))
+        .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?, false)))
         .collect();
+    // A total is a product where a rate meets an amount, and a sum only where none does.
+    if op == CalcOp::Total {
+        if let Some(p) = plan_calc(CalcOp::Product, sub, hits) {
+            return Some(p);
+        }
+    }
+    // An amount times a rate may take a record's other fields too: the span copied for the
+    // question is one field (`Deposit: £100`), the amount the rate needs another (`Booked
+    // length: 5 hours` for `£120/h`).
+    if matches!(op, CalcOp::Product | CalcOp::Total) {
+        let fielded: Vec<(&NodeHit, Quantity, bool)> = hits
+            .iter()
+            .filter(|h| h.located.score >= MIN_SCORE * 0.6)
+            .flat_map(|h| {
+                field_quantities(&h.located.unit)
+                    .into_iter()
+                    .map(move |q| (h, q, true))
+            })
+            .filter(|(h, q, _)| {
+                !qs.iter()
+                    .any(|(g, p, _)| std::ptr::eq(*g, *h) && p.value == q.value && p.per == q.per)
+            })
+            .collect();
+        qs.extend(fielded);
+    }
     qs.sort_by(|a, b| b.0.located.score.total_cmp(&a.0.located.score));
     let mut best: Option<(f32, f32, NodeHit, NodeHit, Calculation)> = None;
-    for (i, (ha, a)) in qs.iter().enumerate() {
-        for (hb, b) in qs.iter().skip(i + 1) {
+    for (i, (ha, a, fa)) in qs.iter().enumerate() {
+        for (hb, b, fb) in qs.iter().skip(i + 1) {
             if ha.located.unit.document == hb.located.unit.document && ha.node_id == hb.node_id {
+                continue;
+            }
+            // A field's number enters only as a factor of a rate (one of the two a rate).
+            if (*fa || *fb) && a.per.is_some() == b.per.is_some() {
                 continue;
             }
             let Some(mut c) = calculate(op, a, b) else {
@@ -4964,6 +5100,107 @@ mod tests {
             Some("kg")
         );
         assert!(asks_difference("How much more weight can we add?"));
+    }
+
+    #[test]
+    fn a_total_is_taken_by_the_operation_its_operands_allow() {
+        // `come to`, `altogether`, `in total`: a total; a bare `total` names a figure.
+        let q = "What will the Fairweather party's updos come to altogether?";
+        assert!(asks_total(q));
+        assert!(asks_total(
+            "What does the pistachio order come to in sterling?"
+        ));
+        assert!(asks_total("How many casks are out in total?"));
+        assert!(!asks_total("What is the total capacity of the hall?"));
+        assert!(!asks_total("Who is coming on Tuesday?"));
+        // `what does X come to` asks an amount, though no noun names one.
+        let sub = &decompose("What does the pistachio paste order come to?")[0];
+        assert_eq!(sub.slot, Slot::Quantity, "{sub:?}");
+        assert_eq!(calc_op(q, &decompose(q)[0], None), Some(CalcOp::Total));
+        // A rate and an amount: their product; two amounts of one kind: their sum; two
+        // rates: nothing.
+        let (count, rate) = (
+            parse_quantity("6 updos").unwrap(),
+            parse_quantity("£48 per updo").unwrap(),
+        );
+        let t = calculate(CalcOp::Total, &count, &rate).unwrap();
+        assert_eq!(t.result, "£288");
+        let t = calculate(
+            CalcOp::Total,
+            &parse_quantity("11").unwrap(),
+            &parse_quantity("26 firkins").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(t.result, "37 firkins");
+        assert!(calculate(CalcOp::Total, &rate, &rate).is_none());
+        assert!(
+            calculate(
+                CalcOp::Total,
+                &parse_quantity("£25").unwrap(),
+                &parse_quantity("8.3").unwrap()
+            )
+            .is_none(),
+            "money and a bare number"
+        );
+        // A record's fields give the factors of a product: a count named by its field,
+        // a price under `Per X` a rate per X.
+        let bookings = document_units(
+            "b.md",
+            "Changeovers in August: 5 (1, 8, 15, 19 and 26 August)",
+        );
+        let prices = document_units(
+            "p.md",
+            "| Property | Per changeover |\n|---|---|\n| Gull Cottage | £65 |\n",
+        );
+        let (count, per) = (
+            &field_quantities(&bookings[0])[0],
+            &field_quantities(&prices[0])[0],
+        );
+        assert_eq!((count.value, count.unit.as_str()), (5.0, "changeovers"));
+        assert_eq!(per.per.as_deref(), Some("changeover"), "{per:?}");
+        assert_eq!(calculate(CalcOp::Total, count, per).unwrap().result, "£325");
+        // Without a total's words, a plain amount question stays direct.
+        let plain = "What is the bridal updo price?";
+        assert_eq!(calc_op(plain, &decompose(plain)[0], None), None);
+    }
+
+    #[test]
+    fn a_person_is_not_read_from_a_column_of_another_kind() {
+        let sub = &decompose("Who is the driver bringing Mrs Pennington's packs?")[0];
+        assert_eq!(sub.slot, Slot::Person);
+        let row = document_units(
+            "r.md",
+            "Patient: Mrs J. Pennington; Address: 4 Alder Rise; Day: Thursday; Route: R2",
+        );
+        assert_eq!(extract(sub, &row[0]), None, "an address is nobody");
+        let named = document_units("d.md", "Route: R2; Driver: Alfie Stone; Van: 3");
+        assert_eq!(extract(sub, &named[0]).as_deref(), Some("Alfie Stone"));
+    }
+
+    #[test]
+    fn a_bridge_follows_the_new_holder_not_the_one_a_revision_replaced() {
+        let sub = &decompose(
+            "What's the mobile number of the locksmith sent to the lockout on Cobham Road?",
+        )[0];
+        let job = document_units(
+            "jobs.md",
+            "Address: 22 Cobham Road; Job: lockout; Engineer: Danny Price (reassigned from Kerry Quinn at 13:55); Status: en route",
+        );
+        let links = link_terms(sub, &job[0]);
+        assert!(
+            links.contains(&"danni".to_string()) || links.contains(&"danny".to_string()),
+            "{links:?}"
+        );
+        assert!(
+            !links
+                .iter()
+                .any(|l| l.starts_with("kerr") || l.starts_with("quinn")),
+            "{links:?}"
+        );
+        assert_eq!(
+            revisions("Engineer: Danny Price (reassigned from Kerry Quinn at 13:55)")[0].0,
+            "Kerry Quinn at 13:55"
+        );
     }
 
     #[test]
