@@ -2464,8 +2464,6 @@ fn restates(sub: &SubQuestion, text: &str) -> bool {
         .contains(&phrase)
 }
 
-/// Field names that say what kind of value a field holds (`Quantity: 1,200` answers a
-/// `how many` question), as index terms.
 /// Whether a field's name names a kind of value that is never a person (a place, a
 /// date or time, an amount or a count: see [`kind_names`]).
 fn names_other_kind(key: &str) -> bool {
@@ -2483,6 +2481,8 @@ fn names_other_kind(key: &str) -> bool {
     .any(|n| kt.contains(&n))
 }
 
+/// Field names that say what kind of value a field holds (`Quantity: 1,200` answers a
+/// `how many` question), as index terms.
 fn kind_names(slot: Slot) -> &'static [&'static str] {
     match slot {
         Slot::Count => &["quantity", "number", "count", "total", "qty"],
@@ -3417,6 +3417,12 @@ pub fn plan_calc(
     sub: &SubQuestion,
     hits: &[NodeHit],
 ) -> Option<(NodeHit, NodeHit, Calculation)> {
+    // A total is a product where a rate meets an amount, and a sum only where none does.
+    if op == CalcOp::Total {
+        if let Some(p) = plan_calc(CalcOp::Product, sub, hits) {
+            return Some(p);
+        }
+    }
     // A conversion factor (`1 mile = 1.6 km`) is a general fact: it need not match the
     // question's words, only convert its value.
     let mut qs: Vec<(&NodeHit, Quantity, bool)> = hits
@@ -3429,12 +3435,6 @@ pub fn plan_calc(
         })
         .filter_map(|h| Some((h, parse_quantity(h.located.span.as_deref()?)?, false)))
         .collect();
-    // A total is a product where a rate meets an amount, and a sum only where none does.
-    if op == CalcOp::Total {
-        if let Some(p) = plan_calc(CalcOp::Product, sub, hits) {
-            return Some(p);
-        }
-    }
     // An amount times a rate may take a record's other fields too: the span copied for the
     // question is one field (`Deposit: £100`), the amount the rate needs another (`Booked
     // length: 5 hours` for `£120/h`).
@@ -5170,10 +5170,14 @@ mod tests {
         assert_eq!(sub.slot, Slot::Person);
         let row = document_units(
             "r.md",
-            "Patient: Mrs J. Pennington; Address: 4 Alder Rise; Day: Thursday; Route: R2",
+            "| Patient | Address | Day | Route |\n|---|---|---|---|\n| Mrs J. Pennington | 4 Alder Rise | Thursday | R2 |\n",
         );
+        assert_eq!(row[0].fields.len(), 4, "{:?}", row[0].fields);
         assert_eq!(extract(sub, &row[0]), None, "an address is nobody");
-        let named = document_units("d.md", "Route: R2; Driver: Alfie Stone; Van: 3");
+        let named = document_units(
+            "d.md",
+            "| Route | Driver | Van |\n|---|---|---|\n| R2 | Alfie Stone | 3 |\n",
+        );
         assert_eq!(extract(sub, &named[0]).as_deref(), Some("Alfie Stone"));
     }
 
