@@ -2211,24 +2211,40 @@ pub fn extract(sub: &SubQuestion, unit: &Unit) -> Option<String> {
         }
     }
     let span = first_value(sub, unit)?;
-    if let Some(whole) = with_counted_noun(sub, &unit.text, &span) {
-        return Some(whole);
+    match counted_after(sub, &unit.text, &span) {
+        Some(Counted::Asked(whole)) => Some(whole),
+        Some(Counted::Other) => None,
+        None => Some(range_end(sub, &unit.text, &span).unwrap_or(span)),
     }
-    Some(range_end(sub, &unit.text, &span).unwrap_or(span))
 }
 
-/// A count with the noun it counts, when the evidence puts the noun the question counts
-/// (see [`counted_noun`]) a few words after the number (`6 patrol tents` for `how many
-/// tents`, where the count span alone stops at `6 patrol`).
-fn with_counted_noun(sub: &SubQuestion, text: &str, span: &str) -> Option<String> {
+/// What the words after a count say it counts (see [`counted_after`]).
+#[derive(Debug, PartialEq)]
+enum Counted {
+    /// The noun the question counts, a few words after the number: the count with it
+    /// (`6 patrol tents` for `how many tents`, where the count span alone stops at
+    /// `6 patrol`).
+    Asked(String),
+    /// Another plural noun (`24 touring pitches` for `how many dogs`): the number answers
+    /// another question about the same place.
+    Other,
+}
+
+/// What the count `span` of `text` counts, for a sub-question asking how many of a noun
+/// ([`counted_noun`]): read from up to three words after the number, within its phrase.
+/// `None` when those words name no plural noun, or name one that counts whatever is meant
+/// (`1,200 copies` of a prospectus).
+fn counted_after(sub: &SubQuestion, text: &str, span: &str) -> Option<Counted> {
     static WORD: OnceLock<Regex> = OnceLock::new();
+    const ANY: [&str; 8] = [
+        "copies", "units", "items", "pieces", "pairs", "sets", "times", "others",
+    ];
     if sub.slot != Slot::Count {
         return None;
     }
     let noun = terms_of(&counted_noun(&sub.text)?);
     let at = text.find(span)?;
     let rest = at + span.split_whitespace().next()?.len();
-    // Up to three words after the number, within its clause.
     for w in re(&WORD, r"\S+").find_iter(&text[rest..]).take(3) {
         let bare = w.as_str().trim_end_matches(|c: char| !c.is_alphanumeric());
         if bare.is_empty() || !bare.chars().all(|c| c.is_alphabetic() || c == '-') {
@@ -2236,7 +2252,14 @@ fn with_counted_noun(sub: &SubQuestion, text: &str, span: &str) -> Option<String
         }
         if terms_of(bare).iter().any(|t| noun.contains(t)) {
             let whole = text[at..rest + w.start() + bare.len()].trim().to_owned();
-            return (whole.len() > span.len()).then_some(whole);
+            return (whole.len() > span.len()).then_some(Counted::Asked(whole));
+        }
+        let lower = bare.to_lowercase();
+        let plural = lower.len() >= 4
+            && lower.ends_with('s')
+            && !["ss", "us", "is"].iter().any(|e| lower.ends_with(e));
+        if plural {
+            return (!ANY.contains(&lower.as_str())).then_some(Counted::Other);
         }
         if bare.len() != w.as_str().len() {
             // Punctuation ends the phrase.
@@ -4622,7 +4645,7 @@ mod tests {
     }
 
     #[test]
-    fn a_count_keeps_the_noun_it_counts_and_is_no_day_of_a_date() {
+    fn a_count_counts_the_noun_asked_and_is_no_day_of_a_date() {
         let sub = &decompose("How many tents are we getting on loan from District?")[0];
         let units = document_units(
             "kit.md",
@@ -4632,9 +4655,14 @@ mod tests {
             locate(sub, &units, 1)[0].span.as_deref(),
             Some("6 patrol tents")
         );
-        // The noun asked about must be there: `9 bags` is not widened to other words.
+        // `9 bags` counts bags, not tents: no count of what was asked.
         let bags = document_units("kit.md", "9 bags of pegs, from the store.");
-        assert_eq!(extract(sub, &bags[0]).as_deref(), Some("9 bags"));
+        assert_eq!(extract(sub, &bags[0]), None);
+        // A count of whatever is meant (`copies`) and a bare number stay values.
+        let copies = document_units("kit.md", "District sent 12 copies of the map.");
+        assert_eq!(extract(sub, &copies[0]).as_deref(), Some("12 copies"));
+        let bare = document_units("kit.md", "Tents on loan: 6.");
+        assert_eq!(extract(sub, &bare[0]).as_deref(), Some("6"));
         // `10` of `10 March` and `March 10` is a day.
         assert_eq!(
             typed_spans(Slot::Count, "Order amended 10 March: 1,200 copies"),
