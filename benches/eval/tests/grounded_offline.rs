@@ -36,6 +36,60 @@ fn probe(nodes: &[(String, Vec<Unit>)], subs: &[SubQuestion]) -> Vec<Vec<NodeHit
         .collect()
 }
 
+/// Where a part of a `single` or `parallel` question went, counted with
+/// `GROUNDED_STAGES=1` (counts only, so unread sets stay unread). The winner is the first
+/// of the best-scoring hits holding a value, as a node reads its own list. A quoting unit
+/// is a located unit whose text holds one of the part's aliases.
+fn stage_of(hits: &[NodeHit], aliases: &[String], asker: &str) -> &'static str {
+    let quotes = |t: &str| {
+        let t = t.to_lowercase();
+        aliases.iter().any(|a| t.contains(&a.to_lowercase()))
+    };
+    let quoting: Vec<&NodeHit> = hits
+        .iter()
+        .filter(|h| quotes(&h.located.unit.text))
+        .collect();
+    let best = grounded::best_direct(hits).map(|b| b.located.score);
+    let winner = hits
+        .iter()
+        .find(|h| h.located.span.is_some() && Some(h.located.score) == best);
+    let Some(w) = winner else {
+        return if quoting.iter().any(|h| h.located.span.is_some()) {
+            "unknown: quoting unit's value under MIN_SCORE"
+        } else if !quoting.is_empty() {
+            "unknown: no value read from a quoting unit"
+        } else {
+            "unknown: nothing quoting located"
+        };
+    };
+    if w.located.span.as_deref().is_some_and(quotes) {
+        "right"
+    } else if quotes(&w.located.unit.text) {
+        "wrong span of the right unit"
+    } else if quoting.is_empty() {
+        "wrong: nothing quoting located"
+    } else if quoting.iter().all(|h| h.located.span.is_none()) {
+        "wrong: no value read from a quoting unit"
+    } else if w.node_id == asker {
+        "wrong: the asker's own unit won"
+    } else if quoting
+        .iter()
+        .any(|h| h.node_id == w.node_id && h.located.unit.document == w.located.unit.document)
+    {
+        "wrong: another unit of the same document won"
+    } else if quoting.iter().any(|h| h.node_id == w.node_id) {
+        "wrong: another document of the same node won"
+    } else {
+        "wrong: another node won"
+    }
+}
+
+thread_local! {
+    /// Stage counts of the file being scored (see [`stage_of`]).
+    static STAGES: std::cell::RefCell<std::collections::BTreeMap<&'static str, usize>> =
+        Default::default();
+}
+
 /// Answers one scenario the way the runtime does (every node probed).
 fn answer(s: &Scenario) -> (String, Vec<String>) {
     let nodes: Vec<(String, Vec<Unit>)> = s
@@ -83,7 +137,18 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
                     }
                 }
             }
-            PlanStep::Done(routed) => break routed,
+            PlanStep::Done(routed) => {
+                if std::env::var_os("GROUNDED_STAGES").is_some()
+                    && matches!(s.tier.as_str(), "single" | "parallel2" | "parallel3")
+                    && planner.subs().len() == s.answer_parts.len()
+                {
+                    for (h, part) in planner.hits().iter().zip(&s.answer_parts) {
+                        let stage = stage_of(h, part, &s.asker);
+                        STAGES.with(|st| *st.borrow_mut().entry(stage).or_default() += 1);
+                    }
+                }
+                break routed;
+            }
         }
     };
     let mut inq = Inquiry::new(&s.question, &s.asker, routed);
@@ -141,6 +206,12 @@ fn score_file(path: &Path, unread: bool) -> Option<(usize, usize)> {
         );
     }
     eprintln!("{}: {ok}/{}", path.display(), scenarios.len());
+    if std::env::var_os("GROUNDED_STAGES").is_some() {
+        let stages = STAGES.with(|st| std::mem::take(&mut *st.borrow_mut()));
+        for (stage, n) in stages {
+            eprintln!("  parts: {n:>3}  {stage}");
+        }
+    }
     // Totals by tier (right/of, and wrong answers holding an `unknown` part): a summary that
     // says which stage to study without showing any scenario of an unread set.
     let by_tier: Vec<String> = tiers
