@@ -3,6 +3,10 @@
 //! in memory and no model or network: the same functions the runtime calls. It checks the
 //! project's own scenarios (`benches/swarm_qa/own.jsonl`) and prints per-scenario results;
 //! the development split is scored too when `../shared/eval/swarm_qa/dev.jsonl` exists.
+//!
+//! `GROUNDED_DEBUG=<scenario id>` prints what each node located for a scenario of an opened
+//! set; `GROUNDED_STAGES=1` prints, for every set, counts of where each part of a direct
+//! question went ([`stage_of`]), which keeps unread sets unread.
 
 use std::path::Path;
 
