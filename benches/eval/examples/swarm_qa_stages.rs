@@ -34,7 +34,7 @@
 
 use std::path::PathBuf;
 
-use starling_eval::swarm_qa::{load_scenarios, Scenario};
+use starling_eval::swarm_qa::{load_scenarios, quotes_alias, Scenario};
 use starling_models::chat::ChatMessage;
 use starling_models::constraint::Constraint;
 use starling_models::embed::{BertEmbedder, Embedder};
@@ -47,8 +47,7 @@ struct Part<'a>(&'a [String]);
 
 impl Part<'_> {
     fn quoted_in(&self, text: &str) -> bool {
-        let t = text.to_lowercase();
-        self.0.iter().any(|a| t.contains(&a.to_lowercase()))
+        quotes_alias(text, self.0)
     }
 }
 

@@ -275,6 +275,12 @@ fn contains_any(haystack_lower: &str, aliases: &[impl AsRef<str>]) -> bool {
         .any(|a| haystack_lower.contains(&a.as_ref().to_lowercase()))
 }
 
+/// Whether `text` holds one of `aliases` (case-insensitive substring), as [`score_answer`]
+/// reads an answer part.
+pub fn quotes_alias(text: &str, aliases: &[impl AsRef<str>]) -> bool {
+    contains_any(&text.to_lowercase(), aliases)
+}
+
 /// Whether `answer` is right: at most [`MAX_ANSWER_WORDS`] words, every group of `parts`
 /// has an alias in it (case-insensitive substring), and, unless `tier` is `unanswerable`,
 /// it says none of [`UNANSWERABLE_ALIASES`].

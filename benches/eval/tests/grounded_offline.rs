@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use starling_eval::swarm_qa::{load_scenarios, score_answer, Scenario, ScenarioNode};
+use starling_eval::swarm_qa::{load_scenarios, quotes_alias, score_answer, Scenario, ScenarioNode};
 use starling_node::agent::grounded::{
     self, Inquiry, Next, NodeHit, PlanStep, Planner, SubQuestion, Unit,
 };
@@ -45,10 +45,7 @@ fn probe(nodes: &[(String, Vec<Unit>)], subs: &[SubQuestion]) -> Vec<Vec<NodeHit
 /// of the best-scoring hits holding a value, as a node reads its own list. A quoting unit
 /// is a located unit whose text holds one of the part's aliases.
 fn stage_of(hits: &[NodeHit], aliases: &[String], asker: &str) -> &'static str {
-    let quotes = |t: &str| {
-        let t = t.to_lowercase();
-        aliases.iter().any(|a| t.contains(&a.to_lowercase()))
-    };
+    let quotes = |t: &str| quotes_alias(t, aliases);
     let quoting: Vec<&NodeHit> = hits
         .iter()
         .filter(|h| quotes(&h.located.unit.text))
