@@ -85,14 +85,10 @@ fn stage_of(hits: &[NodeHit], aliases: &[String], asker: &str) -> &'static str {
     }
 }
 
-thread_local! {
-    /// Stage counts of the file being scored (see [`stage_of`]).
-    static STAGES: std::cell::RefCell<std::collections::BTreeMap<&'static str, usize>> =
-        Default::default();
-}
-
-/// Answers one scenario the way the runtime does (every node probed).
-fn answer(s: &Scenario) -> (String, Vec<String>) {
+/// Answers one scenario the way the runtime does (every node probed): the answer, the
+/// team, and with `GROUNDED_STAGES` where each part went ([`stage_of`]).
+fn answer(s: &Scenario) -> (String, Vec<String>, Vec<&'static str>) {
+    let mut stages = Vec::new();
     let nodes: Vec<(String, Vec<Unit>)> = s
         .nodes
         .iter()
@@ -143,10 +139,9 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
                     && matches!(s.tier.as_str(), "single" | "parallel2" | "parallel3")
                     && planner.subs().len() == s.answer_parts.len()
                 {
-                    for (h, part) in planner.hits().iter().zip(&s.answer_parts) {
-                        let stage = stage_of(h, part, &s.asker);
-                        STAGES.with(|st| *st.borrow_mut().entry(stage).or_default() += 1);
-                    }
+                    stages = (planner.hits().iter().zip(&s.answer_parts))
+                        .map(|(h, part)| stage_of(h, part, &s.asker))
+                        .collect();
                 }
                 break routed;
             }
@@ -156,7 +151,7 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
     let members = inq.members();
     for _round in 0..4 {
         match inq.next_step() {
-            Next::Conclude(a) => return (a.answer, members),
+            Next::Conclude(a) => return (a.answer, members, stages),
             Next::Assign(steps) => {
                 for (node, text) in steps {
                     let sub = inq.step_sub(&node, &text).expect("pending step");
@@ -173,7 +168,7 @@ fn answer(s: &Scenario) -> (String, Vec<String>) {
             }
         }
     }
-    (inq.answer().answer, members)
+    (inq.answer().answer, members, stages)
 }
 
 /// Scores every scenario of a file; `unread` prints the count only, so the failures of a set
@@ -186,8 +181,13 @@ fn score_file(path: &Path, unread: bool) -> Option<(usize, usize)> {
     let mut ok = 0;
     // Per tier: (right, of, answered `unknown` where a fact was asked).
     let mut tiers: std::collections::BTreeMap<&str, (usize, usize, usize)> = Default::default();
+    // Where the parts of direct questions went (counts only; empty without `GROUNDED_STAGES`).
+    let mut stages: std::collections::BTreeMap<&str, usize> = Default::default();
     for s in &scenarios {
-        let (a, members) = answer(s);
+        let (a, members, parts) = answer(s);
+        for stage in parts {
+            *stages.entry(stage).or_insert(0) += 1;
+        }
         let good = score_answer(&a, &s.answer_parts, &s.tier);
         ok += usize::from(good);
         let t = tiers.entry(s.tier.as_str()).or_default();
@@ -207,11 +207,8 @@ fn score_file(path: &Path, unread: bool) -> Option<(usize, usize)> {
         );
     }
     eprintln!("{}: {ok}/{}", path.display(), scenarios.len());
-    if std::env::var_os("GROUNDED_STAGES").is_some() {
-        let stages = STAGES.with(|st| std::mem::take(&mut *st.borrow_mut()));
-        for (stage, n) in stages {
-            eprintln!("  parts: {n:>3}  {stage}");
-        }
+    for (stage, n) in stages {
+        eprintln!("  parts: {n:>3}  {stage}");
     }
     // Totals by tier (right/of, and wrong answers holding an `unknown` part): a summary that
     // says which stage to study without showing any scenario of an unread set.
