@@ -1195,6 +1195,7 @@ fn calendar_terms() -> &'static [String] {
 pub fn revisions(text: &str) -> Vec<(String, String)> {
     static FROM_TO: OnceLock<Regex> = OnceLock::new();
     static WAS: OnceLock<Regex> = OnceLock::new();
+    static INSTEAD: OnceLock<Regex> = OnceLock::new();
     let from_to = re(
         &FROM_TO,
         r"(?i)\b(?:moved|moves|changed|changes|shifted|shifts|switches|brought forward|put back|pushed back|rescheduled|revised|raised|lowered|increased|reduced|cut|updated|rose|fell|went up|went down|switched|regraded|replaced|re-?booked|reassigned|transferred|handed over)\b[^.;]{0,40}?\bfrom ([^.;,()]{1,30}?)(?: to ([^.;,()]{1,30}?))?(?:[.;,()]|$| because| for | on | after | as | when )",
@@ -1203,7 +1204,16 @@ pub fn revisions(text: &str) -> Vec<(String, String)> {
         &WAS,
         r"(?i)\((?:[^()]*?(?:[,;]|\s[—–-])\s*)?(?:was|previously|formerly|originally|until [^)]{0,20}?)\s+([^();,]{1,30})",
     );
+    // `Abimbola covers the night shift instead of Gareth`: what is replaced is named after
+    // the marker, and the new value before it (see `updated_value`).
+    let instead = re(
+        &INSTEAD,
+        r"(?i)\b(?:instead of|in place of|rather than)\s+([^.;,()]{1,30}?)(?:[.;,()]|$| because| for | on | after | as | when )",
+    );
     let mut out = Vec::new();
+    for c in instead.captures_iter(text) {
+        out.push((c[1].trim().to_owned(), String::new()));
+    }
     for c in from_to.captures_iter(text) {
         let old = c[1].trim().to_owned();
         let new = c
@@ -1315,7 +1325,11 @@ fn updated_value(sub: &SubQuestion, text: &str, revisions: &[(String, String)]) 
     // `she is unavailable and Tiernan Castellane replaces her`: with these markers the
     // new value is the subject, the last of its kind before the marker in that clause.
     let lower = marker.as_str().to_lowercase();
-    if ["replaces", "takes over", "took over"].contains(&lower.as_str()) {
+    // `X instead of Y`, `X in place of Y`: Y is what X replaces.
+    let names_old_after = (lower == "instead"
+        && text[marker.end()..].to_lowercase().starts_with(" of "))
+        || lower == "in place of";
+    if names_old_after || ["replaces", "takes over", "took over"].contains(&lower.as_str()) {
         let before = &text[..marker.start()];
         let clause = before.rsplit("; ").next().unwrap_or(before);
         let clause = clause.rsplit(". ").next().unwrap_or(clause);
@@ -5479,6 +5493,38 @@ mod tests {
                 updated_value(when, t, &revisions(t))
             },
             None
+        );
+    }
+
+    #[test]
+    fn instead_of_names_the_old_value_after_it_and_the_new_one_before() {
+        let t = "11 Nov: Abimbola Straith covers the Sunday night shift instead of Gareth \
+                 Pennock (shift swap agreed).";
+        assert_eq!(
+            revisions(t),
+            vec![("Gareth Pennock".to_owned(), String::new())]
+        );
+        let who = &decompose("Who is on the Sunday night shift?")[0];
+        assert_eq!(
+            updated_value(who, t, &revisions(t)).as_deref(),
+            Some("Abimbola Straith")
+        );
+        // Elsewhere, the replaced value is a near miss: the note outranks a line naming it.
+        let units = document_units(
+            "rota.md",
+            &format!("Sunday night shift: Gareth Pennock.\n\n{t}\n"),
+        );
+        let found = locate(who, &units, 2);
+        assert_eq!(
+            found[0].span.as_deref(),
+            Some("Abimbola Straith"),
+            "{found:?}"
+        );
+        // `in place of` and `rather than` read the same way.
+        let t = "Kiln B is used in place of Kiln A this week.";
+        assert_eq!(
+            revisions(t),
+            vec![("Kiln A this week".to_owned(), String::new())]
         );
     }
 
