@@ -1374,6 +1374,43 @@ fn slot_expansion(slot: Slot) -> &'static [&'static str] {
     }
 }
 
+/// The numbered ranges a text states, as (index term of the noun before them, from, to):
+/// `Years 3–6` gives `("year", 3, 6)`, `rooms 10 to 14` gives `("room", 10, 14)`.
+fn numbered_ranges(text: &str) -> Vec<(String, u32, u32)> {
+    static R: OnceLock<Regex> = OnceLock::new();
+    let r = re(
+        &R,
+        r"(?i)\b([a-z]+)\s+(\d{1,4})\s*(?:–|—|-|to)\s*(\d{1,4})\b",
+    );
+    r.captures_iter(text)
+        .filter_map(|c| {
+            let noun = terms_of(&c[1]).into_iter().next()?;
+            let (from, to) = (c[2].parse().ok()?, c[3].parse().ok()?);
+            (from < to).then_some((noun, from, to))
+        })
+        .collect()
+}
+
+/// Whether the number `term` is asked with a noun before it (`Year 4`) that names one of
+/// `ranges` holding it.
+fn in_named_range(question: &str, term: &str, ranges: &[(String, u32, u32)]) -> bool {
+    let Ok(n) = term.parse::<u32>() else {
+        return false;
+    };
+    if ranges.is_empty() {
+        return false;
+    }
+    let ws = words(question);
+    ws.windows(2).any(|w| {
+        w[1] == term
+            && terms_of(&w[0]).first().is_some_and(|noun| {
+                ranges
+                    .iter()
+                    .any(|(r, from, to)| same_word(noun, r) && (*from..=*to).contains(&n))
+            })
+    })
+}
+
 /// How well `unit` matches `sub`: `None` when it lacks a required name.
 pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
     let text: HashSet<String> = terms_of(&unit.text).into_iter().collect();
@@ -1396,9 +1433,13 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
         Slot::Quantity => EXTENT_TERMS.contains(&t) && states_extent(),
         _ => false,
     };
+    let ranges = numbered_ranges(&unit.text);
     for t in &sub.terms {
         let got = if text.contains(&t.term) || kind_word(&t.term) {
             t.weight
+        } else if in_named_range(&sub.text, &t.term, &ranges) {
+            // `Year 4` in `Years 3–6`.
+            0.7 * t.weight
         } else if t.term.len() >= 4 && text.iter().any(|x| same_word(&t.term, x)) {
             // Another form of the word (`drives` / `driver`, `insured` / `insurance`),
             // which the light stemmer keeps apart.
@@ -5494,6 +5535,30 @@ mod tests {
             },
             None
         );
+    }
+
+    #[test]
+    fn a_number_asked_with_its_noun_matches_a_range_of_that_noun_holding_it() {
+        let units = document_units(
+            "sittings.md",
+            "| Sitting | Year groups | Time |\n|---|---|---|\n\
+             | First | Reception, Years 1–2 | 11:45 |\n\
+             | Second | Years 3–6 | 12:25 |\n",
+        );
+        let when =
+            &decompose("A parent of a Year 4 child is asking: what time does her year group eat?")
+                [0];
+        let found = locate(when, &units, 2);
+        assert_eq!(found[0].span.as_deref(), Some("12:25"), "{found:?}");
+        // Only a range of the noun asked with the number, and only one holding it.
+        let ranges = numbered_ranges("Rooms 10 to 14; Years 3–6; pages 7-2");
+        assert_eq!(
+            ranges,
+            vec![("room".to_owned(), 10, 14), ("year".to_owned(), 3, 6)]
+        );
+        assert!(in_named_range("Which is room 12?", "12", &ranges));
+        assert!(!in_named_range("Which is table 12?", "12", &ranges));
+        assert!(!in_named_range("Which is room 15?", "15", &ranges));
     }
 
     #[test]
