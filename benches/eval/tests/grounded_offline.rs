@@ -6,7 +6,8 @@
 //!
 //! `GROUNDED_DEBUG=<scenario id>` prints what each node located for a scenario of an opened
 //! set; `GROUNDED_STAGES=1` prints, for every set, counts of where each part of a direct
-//! question went ([`stage_of`]), which keeps unread sets unread.
+//! question went ([`stage_of`]), which keeps unread sets unread; `GROUNDED_STAGES=show`
+//! also prints, for the opened sets only, the hits of every part not answered right.
 
 use std::path::Path;
 
@@ -85,9 +86,47 @@ fn stage_of(hits: &[NodeHit], aliases: &[String], asker: &str) -> &'static str {
     }
 }
 
+/// `GROUNDED_STAGES=show`, on an opened set: for every part of a direct question that was
+/// not answered right, its sub-question, its stage and the six best hits (a `*` marks a
+/// unit quoting the answer), then any lower hit quoting it.
+fn show_lost_parts(s: &Scenario, subs: &[SubQuestion], hits: &[Vec<NodeHit>], stages: &[&str]) {
+    let line = |x: &NodeHit, part: &[String]| {
+        format!(
+            "   {}{} {:.2} {:?} | {} :: {}",
+            if quotes_alias(&x.located.unit.text, part) {
+                "*"
+            } else {
+                " "
+            },
+            x.node_id,
+            x.located.score,
+            x.located.span,
+            x.located.unit.document,
+            x.located.unit.text
+        )
+    };
+    for (((sub, h), part), stage) in subs.iter().zip(hits).zip(&s.answer_parts).zip(stages) {
+        if *stage == "right" {
+            continue;
+        }
+        eprintln!(
+            "## {} [{stage}] {:?} slot {:?} {:?} want {part:?}",
+            s.id, sub.text, sub.slot, sub.slot_terms
+        );
+        let mut ranked: Vec<&NodeHit> = h.iter().collect();
+        ranked.sort_by(|a, b| b.located.score.total_cmp(&a.located.score));
+        for (i, x) in ranked.iter().enumerate() {
+            if i < 6 || quotes_alias(&x.located.unit.text, part) {
+                eprintln!("{}", line(x, part));
+            }
+        }
+    }
+}
+
 /// Answers one scenario the way the runtime does (every node probed): the answer, the
-/// team, and with `GROUNDED_STAGES` where each part went ([`stage_of`]).
-fn answer(s: &Scenario) -> (String, Vec<String>, Vec<&'static str>) {
+/// team, and with `GROUNDED_STAGES` where each part went ([`stage_of`]); `unread` keeps
+/// `GROUNDED_STAGES=show` from printing anything of it.
+fn answer(s: &Scenario, unread: bool) -> (String, Vec<String>, Vec<&'static str>) {
     let mut stages = Vec::new();
     let nodes: Vec<(String, Vec<Unit>)> = s
         .nodes
@@ -142,6 +181,9 @@ fn answer(s: &Scenario) -> (String, Vec<String>, Vec<&'static str>) {
                     stages = (planner.hits().iter().zip(&s.answer_parts))
                         .map(|(h, part)| stage_of(h, part, &s.asker))
                         .collect();
+                    if !unread && std::env::var("GROUNDED_STAGES").is_ok_and(|v| v == "show") {
+                        show_lost_parts(s, planner.subs(), planner.hits(), &stages);
+                    }
                 }
                 break routed;
             }
@@ -184,7 +226,7 @@ fn score_file(path: &Path, unread: bool) -> Option<(usize, usize)> {
     // Where the parts of direct questions went (counts only; empty without `GROUNDED_STAGES`).
     let mut stages: std::collections::BTreeMap<&str, usize> = Default::default();
     for s in &scenarios {
-        let (a, members, parts) = answer(s);
+        let (a, members, parts) = answer(s, unread);
         for stage in parts {
             *stages.entry(stage).or_insert(0) += 1;
         }
