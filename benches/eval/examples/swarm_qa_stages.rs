@@ -26,8 +26,16 @@
 //!   to a run of whole words of one unit): how often the copy holds the answer, against
 //!   the pipeline's own span. `COPY_SHOW=1` prints each copy (never on an unread set).
 //!
+//! - with `--pick K`: the distinct values the pipeline reads from the lexical top K units of
+//!   that sub-question, where the answer is among them, chosen by the chat model: the value
+//!   it finds most likely as the answer after the notes of all K units and the question
+//!   (a), the same less its likelihood after a question that asks nothing in particular (b),
+//!   after its own unit alone (c), and (a) and (b) fused with the lexical order by
+//!   reciprocal rank; against the lexical order's first value. `PICK_SHOW=1` prints the
+//!   scores (never on an unread set).
+//!
 //! ```text
-//! cargo run --release -p starling-eval --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--judge K] [--copy K] [--maxsim K] [--dense-weight W] FILE...
+//! cargo run --release -p starling-eval --example swarm_qa_stages -- [--choice] [--upr K [--upr-text]] [--judge K] [--copy K] [--pick K] [--maxsim K] [--dense-weight W] FILE...
 //! ```
 //!
 //! Results and what they mean for the design: `benches/swarm_qa/README.md`.
@@ -196,6 +204,39 @@ fn copy_answer(engine: &Engine, units: &[&Unit], question: &str) -> anyhow::Resu
     Ok(out.trim().to_string())
 }
 
+/// Scores of each candidate value as the answer, by the chat model: (a) mean log-probability
+/// of the value after the notes of every located unit and the question, (b) the same less its
+/// mean log-probability after the notes and a question that asks nothing in particular
+/// (how much the question itself supports the value), (c) mean log-probability after its own
+/// unit alone and the question.
+fn pick_scores(
+    engine: &Engine,
+    found: &[grounded::Located],
+    cands: &[(String, usize)],
+    question: &str,
+) -> anyhow::Result<Vec<[f32; 3]>> {
+    let mut notes = String::new();
+    for l in found {
+        notes.push_str(&format!("- {}\n", passage(&l.unit)));
+    }
+    let ask = |notes: &str, q: &str| {
+        Prompt::Chat(vec![ChatMessage::user(format!(
+            "Notes:\n{notes}\nQuestion: {q}\nAnswer with a value from the notes."
+        ))])
+    };
+    let with_q = ask(&notes, question);
+    let neutral = ask(&notes, "What is one value in the notes?");
+    let mut out = Vec::new();
+    for (c, at) in cands {
+        let a = engine.score(&with_q, c)?.blocking_wait()?.mean();
+        let n = engine.score(&neutral, c)?.blocking_wait()?.mean();
+        let own = ask(&format!("- {}\n", passage(&found[*at].unit)), question);
+        let o = engine.score(&own, c)?.blocking_wait()?.mean();
+        out.push([a, a - n, o]);
+    }
+    Ok(out)
+}
+
 /// Best ranks of the quoting unit among the lexical top `k` of each sub-question, ordered
 /// by `score` alone and fused with the lexical order (RRF).
 fn rerank_ranks(
@@ -255,6 +296,7 @@ fn main() -> anyhow::Result<()> {
     let mut judge_k: Option<usize> = None;
     let mut maxsim_k: Option<usize> = None;
     let mut copy_k: Option<usize> = None;
+    let mut pick_k: Option<usize> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -271,6 +313,13 @@ fn main() -> anyhow::Result<()> {
                 maxsim_k = Some(
                     args.next()
                         .ok_or_else(|| anyhow::anyhow!("--maxsim needs a value"))?
+                        .parse()?,
+                )
+            }
+            "--pick" => {
+                pick_k = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--pick needs a value"))?
                         .parse()?,
                 )
             }
@@ -299,14 +348,15 @@ fn main() -> anyhow::Result<()> {
     }
     anyhow::ensure!(!files.is_empty(), "name one or more scenario files");
     let embedder = BertEmbedder::load(starling_models::testing::embedding_model())?;
-    let engine = if choice || upr.is_some() || judge_k.is_some() || copy_k.is_some() {
-        Some(Engine::load(
-            &starling_models::testing::chat_model(),
-            &EngineConfig::default(),
-        )?)
-    } else {
-        None
-    };
+    let engine =
+        if choice || upr.is_some() || judge_k.is_some() || copy_k.is_some() || pick_k.is_some() {
+            Some(Engine::load(
+                &starling_models::testing::chat_model(),
+                &EngineConfig::default(),
+            )?)
+        } else {
+            None
+        };
     for path in &files {
         let scenarios: Vec<Scenario> = load_scenarios(path)?;
         let (mut unquoted, mut span_wrong) = (0, 0);
@@ -319,6 +369,9 @@ fn main() -> anyhow::Result<()> {
         // --copy: parts asked, lexical span right, copy right, copy right in <= 8 words,
         // words copied in all.
         let mut copied = [0usize; 5];
+        // --pick: parts whose answer is among the candidates, then right picks of the
+        // lexical order, of (a), (b), (c), and of (a) and (b) fused with the lexical order.
+        let mut picked = [0usize; 7];
         for s in &scenarios {
             if s.tier == "calc" || s.tier == "unanswerable" {
                 continue;
@@ -434,6 +487,53 @@ fn main() -> anyhow::Result<()> {
                         }
                     }
                 }
+                if let (Some(engine), Some(k), Some(_)) = (&engine, pick_k, best_lex) {
+                    let sub = &subs[best_sub];
+                    let found = grounded::locate(sub, &units, k);
+                    // Distinct values in the lexical order, with the unit each came from.
+                    let mut cands: Vec<(String, usize)> = Vec::new();
+                    for (i, l) in found.iter().enumerate() {
+                        if let Some(v) = &l.span {
+                            if !cands.iter().any(|(c, _)| c == v) {
+                                cands.push((v.clone(), i));
+                            }
+                        }
+                    }
+                    if cands.iter().any(|(c, _)| part.quoted_in(c)) {
+                        let sc = pick_scores(engine, &found, &cands, &sub.text)?;
+                        let right = |i: usize| usize::from(part.quoted_in(&cands[i].0));
+                        let best = |f: &dyn Fn(usize) -> f32| {
+                            (0..cands.len())
+                                .max_by(|&a, &b| f(a).total_cmp(&f(b)).then(b.cmp(&a)))
+                                .unwrap_or(0)
+                        };
+                        // Reciprocal-rank fusion with the lexical order (k = 60).
+                        let fused = |j: usize| {
+                            let mut order: Vec<usize> = (0..cands.len()).collect();
+                            order.sort_by(|&a, &b| sc[b][j].total_cmp(&sc[a][j]));
+                            move |i: usize| {
+                                let r = order.iter().position(|&x| x == i).unwrap_or(0);
+                                1.0 / (61.0 + i as f32) + 1.0 / (61.0 + r as f32)
+                            }
+                        };
+                        let (f0, f1) = (fused(0), fused(1));
+                        picked[0] += 1;
+                        picked[1] += right(0);
+                        picked[2] += right(best(&|i| sc[i][0]));
+                        picked[3] += right(best(&|i| sc[i][1]));
+                        picked[4] += right(best(&|i| sc[i][2]));
+                        picked[5] += right(best(&f0));
+                        picked[6] += right(best(&f1));
+                        if std::env::var_os("PICK_SHOW").is_some() {
+                            eprintln!(
+                                "{} | {} | {:?}",
+                                s.id,
+                                sub.text,
+                                cands.iter().map(|c| &c.0).zip(&sc).collect::<Vec<_>>()
+                            );
+                        }
+                    }
+                }
                 if let (Some(engine), true) = (&engine, choice) {
                     let best = subs
                         .iter()
@@ -474,6 +574,12 @@ fn main() -> anyhow::Result<()> {
             println!(
                 "  copy from the lexical top {k} ({n} parts): lexical span right {lex}, copy right {right} ({short} in <= 8 words), mean words {:.1}",
                 words as f32 / n.max(1) as f32
+            );
+        }
+        if let Some(k) = pick_k {
+            let [n, lex, a, b, c, fa, fb] = picked;
+            println!(
+                "  pick a value of the lexical top {k} ({n} parts with the answer among them): lexical {lex}, model (a) {a}, (b) pmi {b}, (c) own unit {c}, fused (a) {fa}, fused (b) {fb}"
             );
         }
         if choice {
