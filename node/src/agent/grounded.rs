@@ -1833,6 +1833,62 @@ fn supersede_listings(sub: &SubQuestion, out: &mut [Located]) {
     }
 }
 
+/// A revision one node states, applied to the value another node lists (`Marchbank moved
+/// from 11:30 to 12:15` at the chapel, `time booked: 11:30` on the arrangement sheet): where a
+/// hit's value is a revision's new value and its unit names something the sub-question
+/// asks about, a hit of another node whose value is that revision's old one weighs
+/// [`SUPERSEDED_WEIGHT`] of its score, and the revision takes at least that hit's score.
+/// [`locate`] does the same within one node.
+fn supersede_across_nodes(sub: &SubQuestion, hits: &mut [NodeHit]) {
+    let names: Vec<&str> = sub
+        .terms
+        .iter()
+        .filter(|t| t.required || (t.context && t.weight >= 1.5))
+        .map(|t| t.term.as_str())
+        .collect();
+    // (index, old value's terms) of every hit whose value is a revision's new value.
+    let revised: Vec<(usize, Vec<String>)> = hits
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| !h.located.pending)
+        .filter(|(_, h)| {
+            let here = terms_of(&format!(
+                "{} {}",
+                h.located.unit.heading, h.located.unit.text
+            ));
+            names.iter().any(|n| here.iter().any(|t| t == n))
+        })
+        .flat_map(|(i, h)| {
+            let value = h.located.span.as_deref().map(terms_of).unwrap_or_default();
+            revisions(&h.located.unit.text)
+                .into_iter()
+                .filter(move |(old, new)| {
+                    let new = terms_of(new);
+                    !value.is_empty()
+                        && value.iter().all(|t| new.contains(t))
+                        && !terms_of(old).is_empty()
+                })
+                .map(move |(old, _)| (i, terms_of(&old)))
+        })
+        .collect();
+    let mut raise: Vec<(usize, f32)> = Vec::new();
+    for (i, old) in &revised {
+        let node = hits[*i].node_id.clone();
+        for h in hits.iter_mut().filter(|h| h.node_id != node) {
+            let Some(value) = h.located.span.as_deref().map(terms_of) else {
+                continue;
+            };
+            if !value.is_empty() && value.iter().all(|t| old.contains(t)) {
+                raise.push((*i, h.located.score));
+                h.located.score *= SUPERSEDED_WEIGHT;
+            }
+        }
+    }
+    for (i, score) in raise {
+        hits[i].located.score = hits[i].located.score.max(score);
+    }
+}
+
 fn is_log(u: &Unit) -> bool {
     let h = format!("{} {}", u.document, u.heading).to_lowercase();
     ["log", "history", "record"].iter().any(|w| h.contains(w))
@@ -4283,6 +4339,7 @@ impl Planner {
                 _ => &self.subs[i],
             };
             self.set_priors(sub, h);
+            supersede_across_nodes(sub, h);
             // Only against a peer that found something: alone, the host's evidence keeps
             // its score (and its place above [`MIN_SCORE`]).
             let is_host = |x: &NodeHit| self.host.as_deref() == Some(x.node_id.as_str());
@@ -5479,6 +5536,52 @@ mod tests {
         assert!(
             matches!(q.next_step(), PlanStep::Done(_)),
             "no calculation, no hits: nothing more to probe"
+        );
+    }
+
+    #[test]
+    fn a_revision_at_one_node_demotes_the_old_value_another_node_lists() {
+        let mut p = Planner::new("What time does the Marchbank funeral start?");
+        let PlanStep::Probe(asked) = p.next_step() else {
+            panic!("the first step probes the sub-questions");
+        };
+        let sub = asked[0].clone();
+        let hit = |node: &str, doc: &str, text: &str| {
+            let unit = document_units(doc, text).remove(0);
+            NodeHit {
+                node_id: node.into(),
+                located: Located {
+                    span: extract(&sub, &unit),
+                    score: score_unit(&sub, &unit).unwrap_or(0.0),
+                    unit,
+                    pending: false,
+                },
+                prior: 0.0,
+            }
+        };
+        let sheet = hit("a", "marchbank.md", "Marchbank funeral: time booked 11:30.");
+        let note = hit(
+            "b",
+            "amendments.md",
+            "24 Nov: Marchbank moved from 11:30 to 12:15 at the family's request.",
+        );
+        let other = hit("b", "diary.md", "Ferris funeral: time booked 11:45.");
+        assert_eq!(sheet.located.span.as_deref(), Some("11:30"));
+        assert_eq!(note.located.span.as_deref(), Some("12:15"));
+        let before = sheet.located.score;
+        p.handle(vec![vec![sheet, note, other]]);
+        let hits = &p.hits()[0];
+        assert!(
+            hits[0].located.score < before,
+            "the old value is a near miss"
+        );
+        assert!(
+            hits[1].located.score >= before,
+            "the revision takes its place"
+        );
+        assert_eq!(
+            best_direct(hits).and_then(|h| h.located.span.as_deref()),
+            Some("12:15")
         );
     }
 
