@@ -1764,6 +1764,15 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
     out
 }
 
+/// The names a sub-question asks about: its clause's own (required), and the lead-in's.
+fn asked_names(sub: &SubQuestion) -> Vec<&str> {
+    sub.terms
+        .iter()
+        .filter(|t| t.required || (t.context && t.weight >= 1.5))
+        .map(|t| t.term.as_str())
+        .collect()
+}
+
 /// A change note applied to the listing it changes: where a unit that states an update
 /// (`the dental check moved to Thu 16 April`, `glaze load moves to Kiln B, fired to
 /// 1222°C`) names everything the sub-question names in a listing (a table row, a line) and
@@ -1773,13 +1782,7 @@ pub fn locate(sub: &SubQuestion, units: &[Unit], k: usize) -> Vec<Located> {
 /// Only a listing whose names are all in the update counts, so a note about another entity
 /// of the same node changes nothing.
 fn supersede_listings(sub: &SubQuestion, out: &mut [Located]) {
-    // The names the sub-question asks about: its clause's own, and the lead-in's.
-    let names: Vec<&str> = sub
-        .terms
-        .iter()
-        .filter(|t| t.required || (t.context && t.weight >= 1.5))
-        .map(|t| t.term.as_str())
-        .collect();
+    let names = asked_names(sub);
     if names.is_empty() {
         return;
     }
@@ -1840,12 +1843,7 @@ fn supersede_listings(sub: &SubQuestion, out: &mut [Located]) {
 /// [`SUPERSEDED_WEIGHT`] of its score, and the revision takes at least that hit's score.
 /// [`locate`] does the same within one node.
 fn supersede_across_nodes(sub: &SubQuestion, hits: &mut [NodeHit]) {
-    let names: Vec<&str> = sub
-        .terms
-        .iter()
-        .filter(|t| t.required || (t.context && t.weight >= 1.5))
-        .map(|t| t.term.as_str())
-        .collect();
+    let names = asked_names(sub);
     // (index, old value's terms) of every hit whose value is a revision's new value.
     let revised: Vec<(usize, Vec<String>)> = hits
         .iter()
