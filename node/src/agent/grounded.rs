@@ -1304,7 +1304,7 @@ fn update_re() -> &'static Regex {
     static R: OnceLock<Regex> = OnceLock::new();
     re(
         &R,
-        r"(?i)\b(?:now|instead|in place of|(?:moves?|moved|changed?|changes|increased|decreased|reduced|raised|lowered|cut|extended|shortened|put back|pushed back|brought forward|postponed|rescheduled|switched|swapped) (?:to|until|till|onto)|takes over|took over|replaced by|replaces|updated?|revised|amended|corrected|from now on|with effect from)\b",
+        r"(?i)\b(?:now|instead of|instead|in place of|(?:moves?|moved|changed?|changes|increased|decreased|reduced|raised|lowered|cut|extended|shortened|put back|pushed back|brought forward|postponed|rescheduled|switched|swapped) (?:to|until|till|onto)|takes over|took over|replaced by|replaces|updated?|revised|amended|corrected|from now on|with effect from)\b",
     )
 }
 
@@ -1325,11 +1325,16 @@ fn updated_value(sub: &SubQuestion, text: &str, revisions: &[(String, String)]) 
     // `she is unavailable and Tiernan Castellane replaces her`: with these markers the
     // new value is the subject, the last of its kind before the marker in that clause.
     let lower = marker.as_str().to_lowercase();
-    // `X instead of Y`, `X in place of Y`: Y is what X replaces.
-    let names_old_after = (lower == "instead"
-        && text[marker.end()..].to_lowercase().starts_with(" of "))
-        || lower == "in place of";
-    if names_old_after || ["replaces", "takes over", "took over"].contains(&lower.as_str()) {
+    // So with `X instead of Y` and `X in place of Y`: Y is what X replaces.
+    if [
+        "replaces",
+        "takes over",
+        "took over",
+        "instead of",
+        "in place of",
+    ]
+    .contains(&lower.as_str())
+    {
         let before = &text[..marker.start()];
         let clause = before.rsplit("; ").next().unwrap_or(before);
         let clause = clause.rsplit(". ").next().unwrap_or(clause);
@@ -5686,12 +5691,14 @@ mod tests {
             Some("Abimbola Straith"),
             "{found:?}"
         );
-        // `in place of` and `rather than` read the same way.
+        // `in place of` and `rather than` name the replaced value the same way.
         let t = "Kiln B is used in place of Kiln A this week.";
         assert_eq!(
             revisions(t),
             vec![("Kiln A this week".to_owned(), String::new())]
         );
+        let t = "Book the minibus rather than the coach.";
+        assert_eq!(revisions(t), vec![("the coach".to_owned(), String::new())]);
     }
 
     #[test]
