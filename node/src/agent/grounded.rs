@@ -105,6 +105,11 @@ impl Unit {
             .replace(['_', '-'], " ");
         format!("{stem} {} {}", self.heading, self.text)
     }
+
+    /// The index terms of what the unit says: its heading and its text.
+    fn stated_terms(&self) -> Vec<String> {
+        terms_of(&format!("{} {}", self.heading, self.text))
+    }
 }
 
 /// A unit's named fields.
@@ -1791,8 +1796,7 @@ fn supersede_listings(sub: &SubQuestion, out: &mut [Located]) {
     if names.is_empty() {
         return;
     }
-    let terms_in =
-        |l: &Located| -> Vec<String> { terms_of(&format!("{} {}", l.unit.heading, l.unit.text)) };
+    let terms_in = |l: &Located| l.unit.stated_terms();
     let updates: Vec<(usize, Vec<String>, Vec<String>)> = out
         .iter()
         .enumerate()
@@ -1855,10 +1859,7 @@ fn supersede_across_nodes(sub: &SubQuestion, hits: &mut [NodeHit]) {
         .enumerate()
         .filter(|(_, h)| !h.located.pending)
         .filter(|(_, h)| {
-            let here = terms_of(&format!(
-                "{} {}",
-                h.located.unit.heading, h.located.unit.text
-            ));
+            let here = h.located.unit.stated_terms();
             names.iter().any(|n| here.iter().any(|t| t == n))
         })
         .flat_map(|(i, h)| {
