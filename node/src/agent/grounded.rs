@@ -1443,7 +1443,12 @@ pub fn score_unit(sub: &SubQuestion, unit: &Unit) -> Option<f32> {
         Slot::Quantity => EXTENT_TERMS.contains(&t) && states_extent(),
         _ => false,
     };
-    let ranges = numbered_ranges(&unit.text);
+    // (Only a question asking a number can match a range.)
+    let ranges = if sub.terms.iter().any(|t| t.term.parse::<u32>().is_ok()) {
+        numbered_ranges(&unit.text)
+    } else {
+        Vec::new()
+    };
     for t in &sub.terms {
         let got = if text.contains(&t.term) || kind_word(&t.term) {
             t.weight
