@@ -237,6 +237,20 @@ fn pick_scores(
     Ok(out)
 }
 
+/// Reciprocal-rank fusion (k = 60) of `score` with the lexical order, for items given in
+/// that order (an item's index is its lexical rank).
+fn fused_with_lexical(score: &[f32]) -> Vec<f32> {
+    let mut by_score: Vec<usize> = (0..score.len()).collect();
+    by_score.sort_by(|&a, &b| score[b].total_cmp(&score[a]));
+    let mut rank = vec![0; score.len()];
+    for (r, &i) in by_score.iter().enumerate() {
+        rank[i] = r;
+    }
+    (0..score.len())
+        .map(|i| 1.0 / (60.0 + i as f32) + 1.0 / (60.0 + rank[i] as f32))
+        .collect()
+}
+
 /// Best ranks of the quoting unit among the lexical top `k` of each sub-question, ordered
 /// by `score` alone and fused with the lexical order (RRF).
 fn rerank_ranks(
@@ -256,16 +270,8 @@ fn rerank_ranks(
             .iter()
             .map(|l| score(&l.unit, sub))
             .collect::<anyhow::Result<_>>()?;
-        let mut by_s: Vec<usize> = (0..found.len()).collect();
-        by_s.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
-        let mut s_rank = vec![0; found.len()];
-        for (r, &i) in by_s.iter().enumerate() {
-            s_rank[i] = r;
-        }
-        // `found` is in lexical order, so a unit's index is its lexical rank.
-        let rrf: Vec<f32> = (0..found.len())
-            .map(|i| 1.0 / (60.0 + i as f32) + 1.0 / (60.0 + s_rank[i] as f32))
-            .collect();
+        // `found` is in lexical order.
+        let rrf = fused_with_lexical(&s);
         let shown: Vec<Unit> = found.into_iter().map(|l| l.unit).collect();
         alone = alone.into_iter().chain(rank_by(&shown, part, &s)).min();
         fused = fused.into_iter().chain(rank_by(&shown, part, &rrf)).min();
@@ -507,14 +513,9 @@ fn main() -> anyhow::Result<()> {
                                 .max_by(|&a, &b| f(a).total_cmp(&f(b)).then(b.cmp(&a)))
                                 .unwrap_or(0)
                         };
-                        // Reciprocal-rank fusion with the lexical order (k = 60).
+                        // `cands` is in lexical order.
                         let fused = |j: usize| {
-                            let mut order: Vec<usize> = (0..cands.len()).collect();
-                            order.sort_by(|&a, &b| sc[b][j].total_cmp(&sc[a][j]));
-                            move |i: usize| {
-                                let r = order.iter().position(|&x| x == i).unwrap_or(0);
-                                1.0 / (61.0 + i as f32) + 1.0 / (61.0 + r as f32)
-                            }
+                            fused_with_lexical(&sc.iter().map(|x| x[j]).collect::<Vec<_>>())
                         };
                         let (f0, f1) = (fused(0), fused(1));
                         picked[0] += 1;
@@ -522,8 +523,8 @@ fn main() -> anyhow::Result<()> {
                         picked[2] += right(best(&|i| sc[i][0]));
                         picked[3] += right(best(&|i| sc[i][1]));
                         picked[4] += right(best(&|i| sc[i][2]));
-                        picked[5] += right(best(&f0));
-                        picked[6] += right(best(&f1));
+                        picked[5] += right(best(&|i| f0[i]));
+                        picked[6] += right(best(&|i| f1[i]));
                         if std::env::var_os("PICK_SHOW").is_some() {
                             eprintln!(
                                 "{} | {} | {:?}",
